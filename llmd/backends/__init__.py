@@ -1,0 +1,7 @@
+"""Engines by name. Import strings keep llama_cpp and tensorrt_llm out of `import llmd`."""
+
+ENGINES: dict[str, str] = {
+    "llama.cpp": "llmd.backends.llamacpp.engine:LlamaCppEngine",
+}
+
+__all__ = ["ENGINES"]

@@ -1,0 +1,143 @@
+"""The engine interface and the plain dataclasses that cross the daemon <-> worker pipe.
+
+Every message is a small frozen dataclass so that the wire format is obvious and versionable.
+Prompts travel inside GenerationRequest but are never logged: its repr hides them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+WIRE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    id: str
+    # exactly one of messages (chat) or prompt (raw completion) is set
+    messages: list[dict[str, Any]] | None = field(default=None, repr=False)
+    prompt: str | None = field(default=None, repr=False)
+    max_tokens: int | None = None  # None: up to the end of the context
+    sampling: Sampling = field(default_factory=Sampling)
+    stop: tuple[str, ...] = ()
+    response_format: dict[str, Any] | None = None  # OpenAI shape; the engine turns it into a grammar
+    ctx_limit: int | None = None  # a per-request context bound below the slot's (Ollama num_ctx)
+    raw: bool = False  # prompt is already templated (Ollama raw, /v1/completions)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    id: str
+    text: str
+    n_tokens: int  # tokens this piece of text came from (0 when held back text is released)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    ttft_s: float  # request received by the engine -> first token sampled
+    prefill_s: float
+    decode_s: float
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def decode_tps(self) -> float:
+        return (self.completion_tokens - 1) / self.decode_s if self.decode_s > 0 and self.completion_tokens > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class FinalEvent:
+    id: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    id: str
+    error: tuple[str, str, str | None]  # errors.LlmdError.to_wire()
+
+
+Event = TokenEvent | FinalEvent | ErrorEvent
+
+
+# daemon -> worker commands
+@dataclass(frozen=True)
+class Cancel:
+    id: str
+
+
+@dataclass(frozen=True)
+class StatsRequest:
+    pass
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """worker -> daemon, once, when the model is ready (or failed: error set)."""
+
+    info: dict[str, Any]
+    error: tuple[str, str, str | None] | None = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    model_name: str
+    n_ctx: int  # per slot
+    n_slots: int
+    chunk: int
+    threads: int = 0
+    gpu_layers: int = 0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What a backend implements. The worker owns one and drives `step` in its loop."""
+
+    name: str
+    supports_speculation: bool
+    supports_prefix_cache: bool
+    precisions: tuple[str, ...]
+
+    def submit(self, request: GenerationRequest) -> None: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> list[Event]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,393 @@
+"""The llama.cpp engine: one model, one context with several slots, one step loop.
+
+Each step: admit waiting requests into free slots (longest shared prefix first), advance one
+prefilling slot by one aligned chunk in its own llama_decode, then decode one token for every
+decoding slot in one shared batch and sample each with its own native sampler chain. When
+nothing is waiting or running, idle slots re-prefill the whole chunks of their last reply so
+the next turn reuses exact KV (DESIGN: Determinism).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from collections import deque
+from typing import Any
+
+from llmd.backends.base import (
+    EngineConfig,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    GenerationRequest,
+    TokenEvent,
+    Usage,
+)
+from llmd.backends.llamacpp.chat_template import ChatTemplate
+from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for
+from llmd.backends.llamacpp.slots import Active, Slot
+from llmd.backends.llamacpp.text import TextStream
+from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
+
+log = logging.getLogger("llmd.engine")
+
+
+def _physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except Exception:
+        return os.cpu_count() or 1
+
+
+class LlamaCppEngine:
+    name = "llama.cpp"
+    supports_speculation = False
+    supports_prefix_cache = True
+    precisions = ("gguf",)
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        import llama_cpp as L
+
+        self._L = L
+        self.cfg = cfg
+        self.chunk = cfg.chunk
+        L.llama_backend_init()
+        from llama_cpp._logger import set_verbose
+
+        set_verbose(False)  # llama.cpp prints every load to stderr otherwise; keep errors
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = cfg.gpu_layers
+        t0 = time.perf_counter()
+        self.model = L.llama_model_load_from_file(cfg.model_path.encode(), mp)
+        if not self.model:
+            raise EngineError(f"llama.cpp could not load {cfg.model_path}; is it a complete GGUF file?")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        threads = cfg.threads or _physical_cores()
+        self.n_batch = max(512, cfg.chunk, cfg.n_slots)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = cfg.n_ctx * cfg.n_slots
+        cp.n_batch = self.n_batch
+        cp.n_ubatch = self.n_batch
+        cp.n_seq_max = cfg.n_slots
+        cp.kv_unified = True
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise EngineError(
+                f"llama.cpp could not create a context of {cp.n_ctx} tokens ({cfg.n_slots} slots x {cfg.n_ctx}); "
+                "try a smaller LLMD_CTX or fewer LLMD_SLOTS"
+            )
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.load_s = time.perf_counter() - t0
+        self.threads = threads
+
+        self.bos = L.llama_vocab_bos(self.vocab)
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self.bos_text = self._piece(self.bos, special=True).decode("utf-8", "replace") if self.bos >= 0 else ""
+        eos = L.llama_vocab_eos(self.vocab)
+        eos_text = self._piece(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
+        raw_template = L.llama_model_chat_template(self.model, None)
+        self.template = ChatTemplate(raw_template.decode("utf-8") if raw_template else None, self.bos_text, eos_text)
+
+        self.slots = [Slot(seq=i) for i in range(cfg.n_slots)]
+        self.waiting: deque[tuple[GenerationRequest, float]] = deque()
+        self._step_times: deque[float] = deque(maxlen=256)
+        self.requests_done = 0
+
+    # ---- public interface -------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        L = self._L
+        desc = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.model, desc, 256)
+        return {
+            "engine": self.name,
+            "model": self.cfg.model_name,
+            "path": self.cfg.model_path,
+            "desc": desc.value.decode("utf-8", "replace"),
+            "n_params": int(L.llama_model_n_params(self.model)),
+            "size_bytes": int(L.llama_model_size(self.model)),
+            "n_ctx_train": int(L.llama_model_n_ctx_train(self.model)),
+            "n_ctx": self.cfg.n_ctx,
+            "n_slots": self.cfg.n_slots,
+            "chunk": self.chunk,
+            "threads": self.threads,
+            "gpu_layers": self.cfg.gpu_layers,
+            "load_s": round(self.load_s, 3),
+            "chat_template": "builtin-chatml" if self.template.builtin else "gguf",
+            "pid": os.getpid(),
+        }
+
+    def submit(self, req: GenerationRequest) -> None:
+        self.waiting.append((req, time.perf_counter()))
+
+    def cancel(self, request_id: str) -> None:
+        for i, (req, _) in enumerate(self.waiting):
+            if req.id == request_id:
+                del self.waiting[i]
+                return
+        for slot in self.slots:
+            if slot.active is not None and slot.active.req.id == request_id:
+                slot.active.cancelled = True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(s.active for s in self.slots) or self._idle_slot() is not None
+
+    def stats(self) -> dict[str, Any]:
+        times = sorted(self._step_times)
+        return {
+            "slots_busy": sum(1 for s in self.slots if s.active),
+            "slots": len(self.slots),
+            "waiting": len(self.waiting),
+            "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
+            "requests_done": self.requests_done,
+        }
+
+    def close(self) -> None:
+        L = self._L
+        for slot in self.slots:
+            if slot.active:
+                slot.active.sampler.close()
+        L.llama_batch_free(self.batch)
+        L.llama_free(self.ctx)
+        L.llama_model_free(self.model)
+
+    # ---- the step loop ----------------------------------------------------------------------
+
+    def step(self) -> list[Event]:
+        t0 = time.perf_counter()
+        events: list[Event] = []
+        self._release_cancelled(events)
+        self._admit(events)
+        prefilling = [s for s in self.slots if s.active and s.active.prefilling]
+        decoding = [s for s in self.slots if s.active and not s.active.prefilling]
+        if prefilling:
+            # oldest first; one aligned chunk per step so running streams keep flowing
+            self._prefill_chunk(min(prefilling, key=lambda s: s.active.t_received), events)  # type: ignore[union-attr]
+        if decoding:
+            self._decode(decoding, events)
+        if not prefilling and not decoding:
+            slot = self._idle_slot()
+            if slot is not None and not self.waiting:
+                self._reprefill_chunk(slot)
+        else:
+            self._step_times.append(time.perf_counter() - t0)
+        return events
+
+    def _release_cancelled(self, events: list[Event]) -> None:
+        for slot in self.slots:
+            if slot.active and slot.active.cancelled:
+                self._finish(slot, "cancelled", events, flush=False)
+
+    def _admit(self, events: list[Event]) -> None:
+        while self.waiting:
+            free = [s for s in self.slots if s.active is None]
+            if not free:
+                return
+            req, t_received = self.waiting.popleft()
+            try:
+                active = self._prepare(req, t_received)
+            except LlmdError as e:
+                events.append(ErrorEvent(req.id, e.to_wire()))
+                continue
+            except Exception as e:  # a bug or a llama.cpp failure: fail this request, keep serving
+                log.exception("preparing request %s failed", req.id)
+                events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
+                continue
+            # the free slot sharing the longest exact prefix; else the least recently used
+            slot = max(free, key=lambda s: (s.reusable(active.prompt, self.chunk), -s.last_used))
+            reuse = slot.reusable(active.prompt, self.chunk)
+            self._L.llama_memory_seq_rm(self.mem, slot.seq, reuse, -1)
+            del slot.tokens[reuse:]
+            slot.exact = min(slot.exact, reuse)
+            active.cached = active.pos = reuse
+            slot.active = active
+
+    def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
+        if req.messages is not None and not req.raw:
+            text = self.template.render(req.messages)
+            add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        else:
+            text = req.prompt or ""
+            add_special = self.add_bos
+        prompt = self.tokenize(text, add_special)
+        if not prompt:
+            raise BadRequest("the prompt is empty; send at least one token of text", "prompt")
+        n_ctx = min(self.cfg.n_ctx, req.ctx_limit or self.cfg.n_ctx)
+        if len(prompt) >= n_ctx:
+            raise ContextOverflow(
+                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}: "
+                "shorten the prompt or raise the context (LLMD_CTX)",
+                "messages" if req.messages is not None else "prompt",
+            )
+        room = n_ctx - len(prompt)
+        if req.max_tokens is not None and req.max_tokens > room:
+            raise ContextOverflow(
+                f"max_tokens is {req.max_tokens} but the prompt ({len(prompt)} tokens) leaves {room} of the "
+                f"{n_ctx}-token context: ask for at most {room} tokens",
+                "max_tokens",
+            )
+        max_tokens = req.max_tokens if req.max_tokens is not None else room
+        sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar_for(req.response_format))
+        return Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received)
+
+    def _prefill_chunk(self, slot: Slot, events: list[Event]) -> None:
+        a = slot.active
+        assert a is not None
+        start = a.pos
+        end = min(len(a.prompt), (start // self.chunk + 1) * self.chunk)
+        last = end == len(a.prompt)
+        if not self._run(slot, a.prompt[start:end], start, logits_last=last):
+            self._fail(slot, events, "llama_decode failed during prefill")
+            return
+        slot.tokens.extend(a.prompt[start:end])
+        if end - start == self.chunk and slot.exact == start:
+            slot.exact = end
+        a.pos = end
+        if last:
+            a.t_prefill_done = time.perf_counter()
+            self._sample(slot, end - start - 1, events)
+
+    def _decode(self, slots: list[Slot], events: list[Event]) -> None:
+        b = self.batch
+        for i, slot in enumerate(slots):
+            a = slot.active
+            assert a is not None and a.pending is not None
+            self._put(i, a.pending, len(slot.tokens), slot.seq, True)
+        b.n_tokens = len(slots)
+        rc = self._L.llama_decode(self.ctx, b)
+        if rc != 0:
+            for slot in slots:
+                self._fail(slot, events, f"llama_decode returned {rc} while decoding")
+            return
+        for i, slot in enumerate(slots):
+            a = slot.active
+            assert a is not None and a.pending is not None
+            slot.tokens.append(a.pending)
+            a.pending = None
+            self._sample(slot, i, events)
+
+    def _sample(self, slot: Slot, row: int, events: list[Event]) -> None:
+        a = slot.active
+        assert a is not None
+        token = a.sampler.sample(self.ctx, row)
+        now = time.perf_counter()
+        if a.n_gen == 0:
+            a.t_first = now
+        a.n_gen += 1
+        a.t_last = now
+        if self._L.llama_vocab_is_eog(self.vocab, token):
+            a.n_gen -= 1  # the end-of-generation token is not part of the reply
+            self._finish(slot, "stop", events)
+            return
+        text, stopped = a.text.push(self._piece(token))
+        if text:
+            events.append(TokenEvent(a.req.id, text, 1))
+        if stopped:
+            self._finish(slot, "stop", events, flush=False)
+        elif a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= min(self.cfg.n_ctx, a.req.ctx_limit or self.cfg.n_ctx):
+            self._finish(slot, "length", events)
+        else:
+            a.pending = token
+
+    def _finish(self, slot: Slot, reason: str, events: list[Event], flush: bool = True) -> None:
+        a = slot.active
+        assert a is not None
+        if flush:
+            rest = a.text.flush()
+            if rest:
+                events.append(TokenEvent(a.req.id, rest, 0))
+        t_end = a.t_last or time.perf_counter()
+        usage = Usage(
+            prompt_tokens=len(a.prompt),
+            completion_tokens=a.n_gen,
+            cached_tokens=a.cached,
+            ttft_s=(a.t_first - a.t_received) if a.t_first else 0.0,
+            prefill_s=(a.t_prefill_done - a.t_received) if a.t_prefill_done else 0.0,
+            decode_s=(t_end - a.t_first) if a.t_first else 0.0,
+        )
+        events.append(FinalEvent(a.req.id, reason, usage))
+        a.sampler.close()
+        slot.active = None
+        slot.last_used = time.monotonic()
+        self.requests_done += 1
+
+    def _fail(self, slot: Slot, events: list[Event], message: str) -> None:
+        a = slot.active
+        assert a is not None
+        events.append(ErrorEvent(a.req.id, EngineError(message).to_wire()))
+        a.sampler.close()
+        slot.active = None
+        # the sequence's KV may be partly written: forget it entirely
+        self._L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+        slot.tokens.clear()
+        slot.exact = 0
+
+    # ---- idle work: make the last reply's KV exact ----------------------------------------------
+
+    def _idle_slot(self) -> Slot | None:
+        if self.waiting:
+            return None
+        for slot in self.slots:
+            if slot.active is None and slot.exact + self.chunk <= len(slot.tokens):
+                return slot
+        return None
+
+    def _reprefill_chunk(self, slot: Slot) -> None:
+        """Recompute one whole chunk past `exact` as prefill would, dropping decode-time KV."""
+        start, end = slot.exact, slot.exact + self.chunk
+        chunk = slot.tokens[start:end]
+        self._L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
+        del slot.tokens[start:]
+        if not self._run(slot, chunk, start, logits_last=False):
+            self._L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
+            return
+        slot.tokens.extend(chunk)
+        slot.exact = end
+
+    # ---- llama.cpp helpers --------------------------------------------------------------------
+
+    def _put(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        b = self.batch
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq
+        b.logits[i] = logits
+
+    def _run(self, slot: Slot, tokens: list[int], start: int, logits_last: bool) -> bool:
+        n = len(tokens)
+        for i, t in enumerate(tokens):
+            self._put(i, t, start + i, slot.seq, logits_last and i == n - 1)
+        self.batch.n_tokens = n
+        return self._L.llama_decode(self.ctx, self.batch) == 0
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        L = self._L
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
+        return list(buf[:n])
+
+    def _piece(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._L.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]

@@ -1,0 +1,220 @@
+"""Engine worker process and the daemon's handle on it.
+
+Each loaded model runs in its own process (multiprocessing, spawn) so that a crash in the
+engine (a bad GGUF, a CUDA error, kill -9) takes down only that worker. The daemon talks to
+it over one Pipe: commands go down (GenerationRequest, Cancel, StatsRequest, Shutdown); a list
+of events per engine step comes back. A reader thread in the daemon hands events to the
+asyncio queue of their request; at EOF every request still open gets an EngineCrashed error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from llmd.backends.base import (
+    Cancel,
+    EngineConfig,
+    ErrorEvent,
+    Event,
+    GenerationRequest,
+    Loaded,
+    Shutdown,
+    Stats,
+    StatsRequest,
+)
+from llmd.errors import EngineCrashed, EngineError, LlmdError, from_wire
+
+log = logging.getLogger("llmd.worker")
+
+
+def load_engine(backend: str, cfg: EngineConfig) -> Any:
+    """Import an engine class by name only when it is needed (heavy imports stay lazy)."""
+    from llmd.backends import ENGINES
+
+    module_name, _, cls_name = ENGINES[backend].partition(":")
+    module = __import__(module_name, fromlist=[cls_name])
+    return getattr(module, cls_name)(cfg)
+
+
+def worker_main(conn: Any, backend: str, cfg: EngineConfig) -> None:
+    """Entry point of the worker process."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s worker %(levelname)s %(message)s")
+    try:
+        engine = load_engine(backend, cfg)
+    except LlmdError as e:
+        conn.send(Loaded({}, e.to_wire()))
+        return
+    except Exception as e:
+        conn.send(Loaded({}, EngineError(f"{backend} could not load {cfg.model_name}: {e}").to_wire()))
+        return
+    conn.send(Loaded(engine.info()))
+    try:
+        while True:
+            timeout = 0.0 if engine.has_work() else None
+            while conn.poll(timeout):
+                msg = conn.recv()
+                if isinstance(msg, GenerationRequest):
+                    engine.submit(msg)
+                elif isinstance(msg, Cancel):
+                    engine.cancel(msg.id)
+                elif isinstance(msg, StatsRequest):
+                    conn.send(Stats(engine.stats()))
+                elif isinstance(msg, Shutdown):
+                    return
+                timeout = 0.0
+            events = engine.step()
+            if events:
+                conn.send(events)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        return
+    finally:
+        engine.close()
+
+
+class WorkerHandle:
+    """The daemon side of one worker process. Thread-safe sends; events land on asyncio queues."""
+
+    def __init__(self, backend: str, cfg: EngineConfig, loop: asyncio.AbstractEventLoop,
+                 on_exit: Callable[[WorkerHandle], None] | None = None) -> None:
+        self.backend = backend
+        self.cfg = cfg
+        self.loop = loop
+        self.info: dict[str, Any] = {}
+        self.started = time.time()
+        self._on_exit = on_exit
+        self._queues: dict[str, asyncio.Queue[Event]] = {}
+        self._lock = threading.Lock()
+        self._loaded: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._stats: asyncio.Future[dict[str, Any]] | None = None
+        self.alive = True
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=worker_main, args=(child, backend, cfg), daemon=True,
+                                   name=f"llmd-worker-{cfg.model_name}")
+        self.process.start()
+        child.close()
+        self._reader = threading.Thread(target=self._read, name=f"llmd-reader-{cfg.model_name}", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._queues)
+
+    async def wait_loaded(self) -> dict[str, Any]:
+        return await asyncio.shield(self._loaded)
+
+    def submit(self, req: GenerationRequest) -> asyncio.Queue[Event]:
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        with self._lock:
+            if not self.alive:
+                raise EngineCrashed(f"the worker for {self.cfg.model_name} has exited; retry the request")
+            self._queues[req.id] = queue
+            self._conn.send(req)
+        return queue
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            if self._queues.pop(request_id, None) is not None and self.alive:
+                try:
+                    self._conn.send(Cancel(request_id))
+                except OSError:
+                    pass
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._queues.pop(request_id, None)
+
+    async def stats(self, timeout: float = 2.0) -> dict[str, Any]:
+        if not self.alive or not self._loaded.done():
+            return {}
+        if self._stats is None or self._stats.done():
+            self._stats = self.loop.create_future()
+            with self._lock:
+                self._conn.send(StatsRequest())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._stats), timeout)
+        except asyncio.TimeoutError:
+            return {}
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            if self.alive:
+                try:
+                    self._conn.send(Shutdown())
+                except OSError:
+                    pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(1.0)
+
+    # ---- reader thread ------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        try:
+            while True:
+                msg = self._conn.recv()
+                if isinstance(msg, list):
+                    self.loop.call_soon_threadsafe(self._dispatch, msg)
+                elif isinstance(msg, Loaded):
+                    self.loop.call_soon_threadsafe(self._set_loaded, msg)
+                elif isinstance(msg, Stats):
+                    self.loop.call_soon_threadsafe(self._set_stats, msg.info)
+        except (EOFError, OSError):
+            pass
+        self.process.join(5.0)
+        code = self.process.exitcode
+        try:
+            self.loop.call_soon_threadsafe(self._exited, code)
+        except RuntimeError:  # the event loop is closed: the daemon is shutting down
+            pass
+
+    def _dispatch(self, events: list[Event]) -> None:
+        for ev in events:
+            queue = self._queues.get(ev.id)
+            if queue is not None:
+                queue.put_nowait(ev)
+
+    def _set_loaded(self, msg: Loaded) -> None:
+        if self._loaded.done():
+            return
+        if msg.error:
+            self._loaded.set_exception(from_wire(msg.error))
+        else:
+            self.info = msg.info
+            self._loaded.set_result(msg.info)
+
+    def _set_stats(self, info: dict[str, Any]) -> None:
+        if self._stats is not None and not self._stats.done():
+            self._stats.set_result(info)
+
+    def _exited(self, code: int | None) -> None:
+        with self._lock:
+            self.alive = False
+            queues, self._queues = self._queues, {}
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        err = EngineCrashed(
+            f"the engine worker for {self.cfg.model_name} {how} during this request; "
+            "the next request starts a new worker"
+        )
+        for rid, queue in queues.items():
+            queue.put_nowait(ErrorEvent(rid, err.to_wire()))
+        if not self._loaded.done():
+            self._loaded.set_exception(EngineCrashed(f"the engine worker for {self.cfg.model_name} {how} while loading"))
+            self._loaded.exception()  # mark retrieved: nobody may be waiting
+        if self._stats is not None and not self._stats.done():
+            self._stats.set_result({})
+        if code not in (0, None):
+            log.error("worker for %s (pid %s) %s", self.cfg.model_name, self.pid, how)
+        if self._on_exit:
+            self._on_exit(self)

@@ -1,0 +1,75 @@
+"""httpx client for the daemon API; the CLI and the tray talk to the daemon only through this."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from llmd.config import Settings
+
+
+class DaemonNotRunning(Exception):
+    def __init__(self, url: str) -> None:
+        super().__init__(f"llmd is not running at {url}; start it with `llmd serve` (or `llmd start`)")
+
+
+class DaemonError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"llmd answered {status}: {message}")
+        self.status = status
+
+
+class Client:
+    def __init__(self, settings: Settings, timeout: float = 600.0) -> None:
+        self.base_url = settings.base_url
+        self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=2.0))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.ConnectError:
+            raise DaemonNotRunning(self.base_url) from None
+        if r.status_code >= 400:
+            raise DaemonError(r.status_code, _error_message(r))
+        return r.json()
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/llmd/health")
+
+    def status(self) -> dict[str, Any]:
+        return self._request("GET", "/llmd/status")
+
+    def models(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/api/tags")["models"]
+
+    def chat_stream(self, model: str | None, messages: list[dict[str, str]], **params: Any) -> Iterator[str]:
+        body = {"model": model, "messages": messages, "stream": True, **params}
+        try:
+            with self._http.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise DaemonError(r.status_code, _error_message(r))
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    for choice in chunk.get("choices", []):
+                        text = (choice.get("delta") or {}).get("content")
+                        if text:
+                            yield text
+        except httpx.ConnectError:
+            raise DaemonNotRunning(self.base_url) from None
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        err = r.json().get("error")
+    except ValueError:
+        return r.text[:200]
+    return err.get("message", str(err)) if isinstance(err, dict) else str(err)

@@ -1,0 +1,161 @@
+"""All of llmd's settings: one table of name, type, default, env var and description.
+
+Settings resolve once, in this order: built-in default < environment (LLMD_*) < explicit
+overrides (command-line flags). LLMD_HOME, when set, puts every data, config, cache and log
+dir under one folder; otherwise platformdirs picks the user's usual places.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+APP = "llmd"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "LLMD_" + self.name.upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("home", str, "", "one folder for all data, config, cache and logs (default: platformdirs)"),
+    Setting("host", str, "127.0.0.1", "address to listen on; loopback only unless you mean it"),
+    Setting("port", int, 11435, "TCP port of the HTTP API"),
+    Setting("model", str, "smollm2-135m", "model loaded at start and used when a request names none"),
+    Setting("ctx", int, 4096, "context length (tokens) each slot can hold"),
+    Setting("slots", int, 4, "concurrent sequences in one context (requests decoded together)"),
+    Setting("threads", int, 0, "CPU threads for llama.cpp (0: the physical cores)"),
+    Setting("chunk", int, 64, "prefill chunk and prefix-reuse block, in tokens (see DESIGN: Determinism)"),
+    Setting("max_queue", int, 64, "requests waiting for a slot before the API answers 503"),
+    Setting("max_body", int, 8 * 1024 * 1024, "largest request body accepted, in bytes"),
+    Setting("gpu_layers", int, 0, "layers to offload to a GPU when llama.cpp was built with one"),
+    Setting("preload", bool, True, "load the default model when the daemon starts"),
+    Setting("allowed_origins", str, "", "comma-separated browser origins allowed besides loopback ones"),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _parse(setting: Setting, raw: str) -> Any:
+    if setting.type is bool:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{setting.env}={raw!r} is not a boolean; use 1 or 0")
+    try:
+        return setting.type(raw)
+    except ValueError:
+        raise ValueError(f"{setting.env}={raw!r} is not a valid {setting.type.__name__}") from None
+
+
+@dataclass(frozen=True)
+class Paths:
+    data: Path
+    config: Path
+    cache: Path
+    logs: Path
+
+    @classmethod
+    def resolve(cls, home: str) -> Paths:
+        if home:
+            root = Path(home).expanduser()
+            return cls(root / "data", root / "config", root / "cache", root / "logs")
+        return cls(
+            Path(platformdirs.user_data_dir(APP)),
+            Path(platformdirs.user_config_dir(APP)),
+            Path(platformdirs.user_cache_dir(APP)),
+            Path(platformdirs.user_log_dir(APP)),
+        )
+
+    def ensure(self) -> None:
+        for p in (self.data, self.config, self.cache, self.logs):
+            p.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def registry_db(self) -> Path:
+        return self.data / "registry.db"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data / "models"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data / "llmd.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.logs / "llmd.log"
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: str = ""
+    host: str = "127.0.0.1"
+    port: int = 11435
+    model: str = "smollm2-135m"
+    ctx: int = 4096
+    slots: int = 4
+    threads: int = 0
+    chunk: int = 64
+    max_queue: int = 64
+    max_body: int = 8 * 1024 * 1024
+    gpu_layers: int = 0
+    preload: bool = True
+    allowed_origins: str = ""
+    paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.paths is None:
+            object.__setattr__(self, "paths", Paths.resolve(self.home))
+
+    @property
+    def base_url(self) -> str:
+        host = self.host if self.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "paths"}
+        out["paths"] = {k: str(v) for k, v in vars(self.paths).items()}
+        return out
+
+
+def load_settings(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Settings:
+    """Resolve settings from defaults, LLMD_* environment variables and explicit overrides."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        if s.env in env:
+            values[s.name] = _parse(s, env[s.env])
+    for k, v in (overrides or {}).items():
+        if v is None:
+            continue
+        if k not in _BY_NAME:
+            raise KeyError(f"unknown setting {k!r}")
+        values[k] = v
+    settings = Settings(**values)
+    for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body"):
+        if getattr(settings, name) <= 0:
+            raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")
+    return settings
+
+
+def describe() -> str:
+    """The settings table, for --help and `llmd doctor`."""
+    return "\n".join(f"  {s.env:<22} {s.help} (default: {s.default!r})" for s in SETTINGS)

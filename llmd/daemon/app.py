@@ -1,0 +1,70 @@
+"""create_app(settings): every route in one list, pure-ASGI middleware, and a lifespan that
+owns the registry and the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from llmd.config import Settings
+from llmd.daemon.routes import control, ollama, openai
+from llmd.daemon.scheduler import Scheduler
+from llmd.daemon.security import SecurityMiddleware, error_body
+from llmd.errors import LlmdError, Overloaded
+from llmd.models.registry import Registry
+
+log = logging.getLogger("llmd.app")
+
+
+async def _llmd_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, LlmdError)
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Overloaded) else None
+    return JSONResponse(error_body(request.url.path, exc), status_code=exc.status, headers=headers)
+
+
+def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        settings.paths.ensure()
+        registry = Registry(settings.paths.registry_db)
+        registry.sync_packaged()
+        sched = scheduler or Scheduler(settings, registry)
+        app.state.settings = settings
+        app.state.registry = registry
+        app.state.scheduler = sched
+        app.state.started = time.time()
+        preload = None
+        if settings.preload:
+            preload = asyncio.ensure_future(sched.worker_for(settings.model))
+            preload.add_done_callback(_log_preload)
+        try:
+            yield {}
+        finally:
+            if preload is not None:
+                preload.cancel()
+            await sched.close()
+
+    routes = [*openai.routes, *ollama.routes, *control.routes]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(SecurityMiddleware, settings=settings)],
+        exception_handlers={LlmdError: _llmd_error},
+        lifespan=lifespan,
+    )
+
+
+def _log_preload(task: asyncio.Future[Any]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("could not preload the default model: %s", exc)

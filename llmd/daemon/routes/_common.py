@@ -1,0 +1,105 @@
+"""What the API adapters share: body parsing into pydantic models with 400s that name the
+field, and running a request so that errors before the first token get a proper status."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
+from llmd.daemon.scheduler import Scheduler
+from llmd.errors import BadRequest
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    raw = await request.body()
+    if not raw.strip():
+        raise BadRequest("the request body is empty; send a JSON object")
+    try:
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "json_invalid":
+            raise BadRequest(f"the request body is not valid JSON: {err['msg']}") from None
+        if err["type"] == "model_type":
+            raise BadRequest("the request body must be a JSON object") from None
+        raise BadRequest(f"field {loc!r}: {err['msg']}" + (f" (got {err['input']!r})" if _short(err) else ""), loc) from None
+
+
+def _short(err: Any) -> bool:
+    v = err.get("input")
+    return isinstance(v, str | int | float | bool) and len(repr(v)) < 80
+
+
+def text_of(content: Any, where: str) -> str:
+    """A message's content: a string, or a list of text parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    out = []
+    for i, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise BadRequest(f"{where}.content[{i}] is a {part.type!r} part; llmd accepts text parts only", f"{where}.content")
+        out.append(part.text)
+    return "".join(out)
+
+
+@dataclass
+class Run:
+    """One request in flight: the first event already awaited, the rest streamed."""
+
+    req: GenerationRequest
+    model: str
+    events: AsyncIterator[Event]
+    first: Event
+    t_start: float
+    timing: dict[str, float] = field(default_factory=dict)
+    text: list[str] = field(default_factory=list)
+    final: FinalEvent | None = None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[Event]:
+        try:
+            ev: Event | None = self.first
+            while ev is not None:
+                if isinstance(ev, TokenEvent):
+                    self.text.append(ev.text)
+                elif isinstance(ev, FinalEvent):
+                    self.final = ev
+                yield ev
+                if self.final is not None:
+                    return
+                ev = await self.events.__anext__()
+        finally:
+            await self.events.aclose()  # type: ignore[attr-defined]
+
+    async def collect(self) -> tuple[str, FinalEvent]:
+        async for _ in self:
+            pass
+        assert self.final is not None
+        return "".join(self.text), self.final
+
+    @property
+    def usage(self) -> Usage:
+        assert self.final is not None
+        return self.final.usage
+
+
+async def start_run(scheduler: Scheduler, model: str | None, req: GenerationRequest) -> Run:
+    """Submit and wait for the first event, so that errors become a 4xx/5xx before any body."""
+    t_start = time.perf_counter()
+    timing: dict[str, float] = {}
+    events = scheduler.generate(model, req, timing)
+    first = await events.__anext__()
+    return Run(req, model or scheduler.active_model, events, first, t_start, timing)

@@ -1,0 +1,252 @@
+"""Ollama-compatible routes: /api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/version.
+
+Same engine path as the OpenAI routes; Ollama's field names (options.num_predict, num_ctx...),
+NDJSON streaming by default, and durations in nanoseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from llmd import __version__
+from llmd.backends.base import GenerationRequest, Sampling, TokenEvent
+from llmd.daemon.routes._common import Run, parse_body, start_run
+from llmd.errors import BadRequest
+
+OLLAMA_COMPAT_VERSION = "0.12.0"  # the Ollama API version whose shapes these routes follow
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    num_predict: int | None = None
+    num_ctx: int | None = Field(default=None, ge=1)
+    stop: list[str] | None = None
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: list[str] | None = None
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    stream: bool = True
+    format: Literal["json"] | dict[str, Any] | None = None
+    options: _Options | None = None
+    keep_alive: float | int | str | None = None
+
+
+class ChatBody(_Base):
+    messages: list[_Message] = Field(default_factory=list)
+
+
+class GenerateBody(_Base):
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False
+    images: list[str] | None = None
+
+
+class ShowBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    name: str | None = None
+
+
+def _generation(body: _Base, **what: Any) -> GenerationRequest:
+    o = body.options or _Options()
+    fmt: dict[str, Any] | None = None
+    if body.format == "json":
+        fmt = {"type": "json_object"}
+    elif isinstance(body.format, dict):
+        fmt = {"type": "json_schema", "json_schema": {"schema": body.format}}
+    num_predict = o.num_predict if o.num_predict is not None and o.num_predict > 0 else None
+    return GenerationRequest(
+        id=uuid.uuid4().hex,
+        max_tokens=num_predict,
+        sampling=Sampling(
+            temperature=0.8 if o.temperature is None else o.temperature,
+            top_p=0.9 if o.top_p is None else o.top_p,
+            top_k=40 if o.top_k is None else o.top_k,
+            min_p=0.0 if o.min_p is None else o.min_p,
+            seed=o.seed,
+            presence_penalty=o.presence_penalty or 0.0,
+            frequency_penalty=o.frequency_penalty or 0.0,
+            repeat_penalty=1.0 if o.repeat_penalty is None else o.repeat_penalty,
+        ),
+        stop=tuple(o.stop or ()),
+        response_format=fmt,
+        ctx_limit=o.num_ctx,
+        **what,
+    )
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _final_fields(run: Run) -> dict[str, Any]:
+    import time
+
+    assert run.final is not None
+    u = run.final.usage
+    return {
+        "done": True,
+        "done_reason": "length" if run.final.finish_reason == "length" else "stop",
+        "total_duration": int((time.perf_counter() - run.t_start) * 1e9),
+        "load_duration": int(run.timing.get("load_s", 0.0) * 1e9),
+        "prompt_eval_count": u.prompt_tokens,
+        "prompt_eval_duration": int(u.prefill_s * 1e9),
+        "eval_count": u.completion_tokens,
+        "eval_duration": int(u.decode_s * 1e9),
+    }
+
+
+def _ndjson(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+async def _respond(run: Run, stream: bool, chat: bool) -> Response:
+    def piece(text: str) -> dict[str, Any]:
+        head: dict[str, Any] = {"model": run.model, "created_at": _now()}
+        if chat:
+            head["message"] = {"role": "assistant", "content": text}
+        else:
+            head["response"] = text
+        return head
+
+    if not stream:
+        text, _ = await run.collect()
+        return JSONResponse({**piece(text), **_final_fields(run)})
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for ev in run:
+            if isinstance(ev, TokenEvent):
+                yield _ndjson({**piece(ev.text), "done": False})
+        yield _ndjson({**piece(""), **_final_fields(run)})
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def chat(request: Request) -> Response:
+    body = await parse_body(request, ChatBody)
+    if any(m.images for m in body.messages):
+        raise BadRequest("messages carry images; the loaded models are text-only", "messages.images")
+    if not body.messages:  # Ollama loads the model and answers done
+        return await _load_only(request, body, chat=True)
+    req = _generation(body, messages=[{"role": m.role, "content": m.content} for m in body.messages])
+    run = await start_run(request.app.state.scheduler, body.model, req)
+    return await _respond(run, body.stream, chat=True)
+
+
+async def generate(request: Request) -> Response:
+    body = await parse_body(request, GenerateBody)
+    if body.images:
+        raise BadRequest("the request carries images; the loaded models are text-only", "images")
+    if not body.prompt and not body.system:
+        return await _load_only(request, body, chat=False)
+    if body.raw:
+        req = _generation(body, prompt=body.prompt, raw=True)
+    else:
+        messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
+            {"role": "user", "content": body.prompt}]
+        req = _generation(body, messages=messages)
+    run = await start_run(request.app.state.scheduler, body.model, req)
+    return await _respond(run, body.stream, chat=False)
+
+
+async def _load_only(request: Request, body: _Base, chat: bool) -> Response:
+    _, load_s = await request.app.state.scheduler.worker_for(body.model)
+    out: dict[str, Any] = {"model": body.model, "created_at": _now(), "done": True, "done_reason": "load",
+                           "load_duration": int(load_s * 1e9)}
+    if chat:
+        out["message"] = {"role": "assistant", "content": ""}
+    else:
+        out["response"] = ""
+    return JSONResponse(out)
+
+
+def _details(m: dict[str, Any]) -> dict[str, Any]:
+    n = m.get("n_params") or 0
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    return {"parent_model": "", "format": m["format"], "family": m["arch"], "families": [m["arch"]],
+            "parameter_size": size, "quantization_level": m["quantization"]}
+
+
+def _modified(m: dict[str, Any]) -> str:
+    return datetime.fromtimestamp(m["mtime"], timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+async def tags(request: Request) -> Response:
+    models = [{"name": m["name"], "model": m["name"], "modified_at": _modified(m), "size": m["size"],
+               "digest": m["digest"].removeprefix("sha256:"), "details": _details(m)}
+              for m in request.app.state.registry.list()]
+    return JSONResponse({"models": models})
+
+
+async def ps(request: Request) -> Response:
+    scheduler = request.app.state.scheduler
+    registry = request.app.state.registry
+    out = []
+    for name, w in list(scheduler.workers.items()):
+        m = registry.get(name)
+        out.append({"name": name, "model": name, "size": m["size"], "digest": m["digest"].removeprefix("sha256:"),
+                    "details": _details(m), "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
+                    "context_length": w.cfg.n_ctx})
+    return JSONResponse({"models": out})
+
+
+async def show(request: Request) -> Response:
+    body = await parse_body(request, ShowBody)
+    name = body.model or body.name
+    if not name:
+        raise BadRequest("send the model's name in 'model'", "model")
+    m = request.app.state.registry.get(name)
+    from llmd.models.gguf import read_gguf
+
+    info = read_gguf(m["path"])
+    model_info = {k: v for k, v in info.metadata.items() if not isinstance(v, list) and k != "tokenizer.chat_template"}
+    model_info["general.parameter_count"] = info.n_params
+    return JSONResponse({
+        "modelfile": f"FROM {m['path']}\n",
+        "parameters": "",
+        "template": info.chat_template or "",
+        "details": _details(m),
+        "model_info": model_info,
+        "capabilities": ["completion"],
+        "modified_at": _modified(m),
+    })
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": OLLAMA_COMPAT_VERSION, "llmd_version": __version__})
+
+
+routes = [
+    Route("/api/chat", chat, methods=["POST"]),
+    Route("/api/generate", generate, methods=["POST"]),
+    Route("/api/tags", tags, methods=["GET"]),
+    Route("/api/ps", ps, methods=["GET"]),
+    Route("/api/show", show, methods=["POST"]),
+    Route("/api/version", version, methods=["GET"]),
+]

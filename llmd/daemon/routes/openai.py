@@ -1,0 +1,214 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
+
+A thin adapter: validate the body, build one GenerationRequest, and shape the events as
+OpenAI does (one JSON object, or SSE chunks ending with `data: [DONE]`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
+from llmd.daemon.routes._common import Run, parse_body, start_run, text_of
+from llmd.errors import BadRequest
+
+# ---- request bodies ---------------------------------------------------------------------------
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_Part] | None = None
+    name: str | None = None
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class _JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class _ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: _JsonSchema | None = None
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")  # clients send fields we do not use (user, logprobs...)
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    n: int = 1
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+    response_format: _ResponseFormat | None = None
+
+
+class ChatBody(_Common):
+    messages: list[_Message] = Field(min_length=1)
+
+
+class CompletionBody(_Common):
+    prompt: str | list[str]
+
+
+def _generation(body: _Common, **what: Any) -> GenerationRequest:
+    if body.n != 1:
+        raise BadRequest(f"n={body.n}: llmd returns one choice per request; send n=1 (or omit it)", "n")
+    if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:
+        raise BadRequest("max_tokens and max_completion_tokens differ; send one of them", "max_completion_tokens")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    rf = body.response_format
+    response_format = None
+    if rf is not None and rf.type != "text":
+        response_format = {"type": rf.type}
+        if rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise BadRequest("response_format json_schema needs json_schema.schema", "response_format.json_schema")
+            response_format["json_schema"] = {"schema": rf.json_schema.schema_}
+    return GenerationRequest(
+        id=uuid.uuid4().hex,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+                          seed=body.seed, presence_penalty=body.presence_penalty,
+                          frequency_penalty=body.frequency_penalty),
+        stop=stop,
+        response_format=response_format,
+        **what,
+    )
+
+
+# ---- responses ----------------------------------------------------------------------------------
+
+
+def usage_json(u: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"accepted_prediction_tokens": u.accepted_tokens,
+                                      "rejected_prediction_tokens": u.drafted_tokens - u.accepted_tokens},
+    }
+
+
+def _finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def _respond(run: Run, body: _Common, chat: bool) -> Response:
+    rid = ("chatcmpl-" if chat else "cmpl-") + run.req.id
+    created = int(time.time())
+    obj = "chat.completion" if chat else "text_completion"
+    if not body.stream:
+        text, final = await run.collect()
+        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(final.finish_reason), "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return JSONResponse({"id": rid, "object": obj, "created": created, "model": run.model,
+                             "choices": [choice], "usage": usage_json(final.usage)})
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(delta: dict[str, Any] | str, finish: str | None) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if chat:
+            c["delta"] = delta
+        else:
+            c["text"] = delta
+        out: dict[str, Any] = {"id": rid, "object": chunk_obj, "created": created, "model": run.model, "choices": [c]}
+        if include_usage:
+            out["usage"] = None
+        return out
+
+    async def stream() -> AsyncIterator[bytes]:
+        if chat:
+            yield _sse(chunk({"role": "assistant", "content": ""}, None))
+        async for ev in run:
+            if isinstance(ev, TokenEvent):
+                yield _sse(chunk({"content": ev.text} if chat else ev.text, None))
+        assert run.final is not None
+        yield _sse(chunk({} if chat else "", _finish_reason(run.final.finish_reason)))
+        if include_usage:
+            yield _sse({"id": rid, "object": chunk_obj, "created": created, "model": run.model, "choices": [],
+                        "usage": usage_json(run.final.usage)})
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+# ---- handlers -----------------------------------------------------------------------------------
+
+
+async def chat_completions(request: Request) -> Response:
+    body = await parse_body(request, ChatBody)
+    messages = [{"role": m.role, "content": text_of(m.content, f"messages[{i}]")} for i, m in enumerate(body.messages)]
+    req = _generation(body, messages=messages)
+    run = await start_run(request.app.state.scheduler, body.model, req)
+    return await _respond(run, body, chat=True)
+
+
+async def completions(request: Request) -> Response:
+    body = await parse_body(request, CompletionBody)
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise BadRequest(f"prompt is a list of {len(prompt)} strings; llmd completes one prompt per request", "prompt")
+        prompt = prompt[0]
+    req = _generation(body, prompt=prompt, raw=True)
+    run = await start_run(request.app.state.scheduler, body.model, req)
+    return await _respond(run, body, chat=False)
+
+
+async def list_models(request: Request) -> Response:
+    registry = request.app.state.registry
+    data = [{"id": m["name"], "object": "model", "created": int(m["added_at"]), "owned_by": "llmd"}
+            for m in registry.list()]
+    return JSONResponse({"object": "list", "data": data})
+
+
+routes = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+]

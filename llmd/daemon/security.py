@@ -1,0 +1,96 @@
+"""Host and Origin checks and the request body bound, as pure ASGI middleware.
+
+A web page can make a browser send requests to 127.0.0.1 under a name it controls (DNS
+rebinding): such requests carry that name in Host, so only loopback names (and the address
+the daemon was told to bind) are served. Browser requests from other origins are refused
+unless the user allowed them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+from llmd.config import Settings
+from llmd.errors import Forbidden, LlmdError, PayloadTooLarge
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+def _hostname(value: str) -> str:
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def host_allowed(host: str, settings: Settings) -> bool:
+    name = _hostname(host)
+    if name in LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    bound = settings.host.lower()
+    return bound not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::") and name in (bound, f"[{bound}]")
+
+
+def origin_allowed(origin: str, settings: Settings) -> bool:
+    if origin == "null":
+        return False
+    parts = urlsplit(origin)
+    if parts.scheme in ("http", "https") and parts.hostname and (
+        parts.hostname in LOOPBACK_NAMES or parts.hostname.endswith(".localhost")
+    ):
+        return True
+    allowed = {o.strip().rstrip("/") for o in settings.allowed_origins.split(",") if o.strip()}
+    return origin.rstrip("/") in allowed or "*" in allowed
+
+
+def error_body(path: str, err: LlmdError) -> dict[str, Any]:
+    """Each API's error shape: Ollama's {"error": "..."} under /api, OpenAI's elsewhere."""
+    if path.startswith("/api/"):
+        return {"error": err.message}
+    return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+
+
+class SecurityMiddleware:
+    def __init__(self, app: Any, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "")
+        if not host_allowed(host, self.settings):
+            return await _reject(scope, send, Forbidden(
+                f"Host {host!r} is not a loopback name; llmd only answers requests addressed to localhost "
+                "(this blocks DNS-rebinding attacks from web pages)"))
+        origin = headers.get("origin")
+        if origin is not None and not origin_allowed(origin, self.settings):
+            return await _reject(scope, send, Forbidden(
+                f"browser requests from origin {origin!r} are not allowed; add it to LLMD_ALLOWED_ORIGINS to allow it"))
+        limit = self.settings.max_body
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await _reject(scope, send, PayloadTooLarge(
+                f"the request body is {int(length)} bytes; the limit is {limit} (LLMD_MAX_BODY)"))
+        seen = 0
+
+        async def bounded_receive() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise PayloadTooLarge(f"the request body is over the {limit}-byte limit (LLMD_MAX_BODY)")
+            return message
+
+        await self.app(scope, bounded_receive, send)
+
+
+async def _reject(scope: Any, send: Any, err: LlmdError) -> None:
+    body = json.dumps(error_body(scope.get("path", ""), err)).encode()
+    await send({"type": "http.response.start", "status": err.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

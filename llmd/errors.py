@@ -1,0 +1,100 @@
+"""Typed errors that tell the user what to do.
+
+    LlmdError                 base; .status is the HTTP status, .code a stable machine name
+    ├── BadRequest            400: a field is wrong (names the field in .param)
+    │   ├── ContextOverflow   400: prompt (+ max_tokens) does not fit the context; gives both numbers
+    │   └── GrammarError      400: response_format could not be turned into a grammar
+    ├── Unauthorized          401: a control route without the daemon's token
+    ├── Forbidden             403: Host or Origin not allowed (DNS rebinding guard)
+    ├── ModelNotFound         404: no registered model by that name
+    ├── PayloadTooLarge       413: request body over the bound
+    ├── Overloaded            503: queue full; .retry_after seconds
+    ├── EngineCrashed         500: the worker process died during the request
+    └── EngineError           500: the engine failed for another reason
+
+The HTTP layer maps them to each API's error shape; the CLI to a one-line message and exit 1.
+Errors cross the worker pipe as (code, message, param) and are rebuilt with `from_wire`.
+"""
+
+from __future__ import annotations
+
+
+class LlmdError(Exception):
+    status = 500
+    code = "internal_error"
+    type = "server_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def to_wire(self) -> tuple[str, str, str | None]:
+        return (self.code, self.message, self.param)
+
+
+class BadRequest(LlmdError):
+    status = 400
+    code = "invalid_request"
+    type = "invalid_request_error"
+
+
+class ContextOverflow(BadRequest):
+    code = "context_length_exceeded"
+
+
+class GrammarError(BadRequest):
+    code = "invalid_response_format"
+
+
+class Unauthorized(LlmdError):
+    status = 401
+    code = "unauthorized"
+    type = "authentication_error"
+
+
+class Forbidden(LlmdError):
+    status = 403
+    code = "forbidden"
+    type = "permission_error"
+
+
+class ModelNotFound(LlmdError):
+    status = 404
+    code = "model_not_found"
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(LlmdError):
+    status = 413
+    code = "payload_too_large"
+    type = "invalid_request_error"
+
+
+class Overloaded(LlmdError):
+    status = 503
+    code = "overloaded"
+    type = "server_error"
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineCrashed(LlmdError):
+    code = "engine_crashed"
+
+
+class EngineError(LlmdError):
+    code = "engine_error"
+
+
+_BY_CODE: dict[str, type[LlmdError]] = {
+    cls.code: cls
+    for cls in (BadRequest, ContextOverflow, GrammarError, ModelNotFound, EngineCrashed, EngineError)
+}
+
+
+def from_wire(wire: tuple[str, str, str | None]) -> LlmdError:
+    code, message, param = wire
+    return _BY_CODE.get(code, EngineError)(message, param)

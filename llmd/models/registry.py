@@ -1,0 +1,100 @@
+"""The models table: add, list, remove, resolve a name.
+
+Packaged models are registered automatically on open. Each row records what the GGUF header
+says (arch, parameters, quantization, context, chat template) and a content digest, computed
+once and recomputed only when the file's size or mtime changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from llmd.db import open_db
+from llmd.errors import BadRequest, ModelNotFound
+from llmd.models.catalog import find_packaged
+from llmd.models.gguf import read_gguf
+
+
+def _m001_models(db: sqlite_utils.Database) -> None:
+    db["models"].create(
+        {
+            "name": str, "path": str, "format": str, "source": str, "digest": str, "size": int, "mtime": float,
+            "arch": str, "n_params": int, "quantization": str, "context_length": int,
+            "has_chat_template": int, "added_at": float,
+        },
+        pk="name",
+    )
+
+
+MIGRATIONS = [("001_models", _m001_models)]
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+class Registry:
+    def __init__(self, db_path: Path) -> None:
+        self.db = open_db(db_path, MIGRATIONS)
+
+    def sync_packaged(self) -> None:
+        for name, path in find_packaged().items():
+            row = self._row(name)
+            if row is None or row["path"] != str(path) or not self._fresh(row):
+                self._register(name, path, "package")
+
+    def add(self, path: Path, name: str | None = None, source: str = "user") -> dict[str, Any]:
+        path = path.expanduser().resolve()
+        name = name or path.stem.lower()
+        if self._row(name) is not None:
+            raise BadRequest(f"a model named {name!r} is already registered; pick another with --name", "name")
+        return self._register(name, path, source)
+
+    def remove(self, name: str) -> dict[str, Any]:
+        row = self.get(name)
+        self.db["models"].delete(name)
+        return row
+
+    def list(self) -> list[dict[str, Any]]:
+        return list(self.db["models"].rows_where(order_by="name"))
+
+    def get(self, name: str) -> dict[str, Any]:
+        row = self._row(name)
+        if row is None:
+            known = ", ".join(r["name"] for r in self.list()) or "none"
+            raise ModelNotFound(f"model {name!r} is not registered (registered: {known}); add it with `llmd models add PATH.gguf`", "model")
+        return row
+
+    def _row(self, name: str) -> dict[str, Any] | None:
+        rows = list(self.db["models"].rows_where("name = ?", [name]))
+        return rows[0] if rows else None
+
+    @staticmethod
+    def _fresh(row: dict[str, Any]) -> bool:
+        p = Path(row["path"])
+        try:
+            st = p.stat()
+        except OSError:
+            return False
+        return st.st_size == row["size"] and st.st_mtime == row["mtime"]
+
+    def _register(self, name: str, path: Path, source: str) -> dict[str, Any]:
+        info = read_gguf(path)  # validates before anything is written
+        st = path.stat()
+        row = {
+            "name": name, "path": str(path), "format": "gguf", "source": source, "digest": file_digest(path),
+            "size": st.st_size, "mtime": st.st_mtime, "arch": info.arch, "n_params": info.n_params,
+            "quantization": info.quantization, "context_length": info.context_length,
+            "has_chat_template": int(info.chat_template is not None), "added_at": time.time(),
+        }
+        self.db["models"].upsert(row, pk="name")
+        return row

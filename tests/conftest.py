@@ -1,0 +1,83 @@
+"""Shared fixtures: every test gets its own LLMD_HOME; integration tests get a real daemon."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+
+@pytest.fixture(autouse=True)
+def llmd_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "llmd-home"
+    monkeypatch.setenv("LLMD_HOME", str(home))
+    return home
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """A real `llmd serve` process on a free port with its own data dir."""
+
+    def __init__(self, home: Path, env: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.home = home
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": str(self.port), **(env or {})}
+        self.log = home / "daemon.out"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait_model: bool = True, timeout: float = 120.0) -> Daemon:
+        self.home.mkdir(parents=True, exist_ok=True)
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmd", "serve"], env=self.env, stdout=out, stderr=out)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llmd exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                r = httpx.get(self.url + "/llmd/health", timeout=1.0)
+                if r.status_code == 200 and (not wait_model or r.json()["loaded"]):
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"llmd did not become healthy in {timeout}s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def client(self, **kw: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120.0, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("daemon") / "home").start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def http(daemon: Daemon) -> Iterator[httpx.Client]:
+    with daemon.client() as c:
+        yield c

@@ -1,0 +1,32 @@
+import pytest
+
+from llmd.backends.llamacpp.chat_template import ChatTemplate
+from llmd.errors import BadRequest
+from llmd.models.catalog import find_packaged
+from llmd.models.gguf import read_gguf
+
+
+def test_smollm2_template_renders_chatml():
+    t = ChatTemplate(read_gguf(find_packaged()["smollm2-135m"]).chat_template, "<|im_start|>", "<|im_end|>")
+    out = t.render([{"role": "user", "content": "Hi"}])
+    assert out.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert out.startswith("<|im_start|>system\n")  # SmolLM2 adds its default system prompt
+
+
+def test_template_cannot_reach_python_internals():
+    evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(Exception) as e:
+        ChatTemplate(evil, "", "").render([{"role": "user", "content": "x"}])
+    assert "unsafe" in str(e.value).lower() or "attribute" in str(e.value).lower()
+
+
+def test_raise_exception_becomes_a_400():
+    t = ChatTemplate("{{ raise_exception('roles must alternate') }}", "", "")
+    with pytest.raises(BadRequest, match="roles must alternate"):
+        t.render([{"role": "user", "content": "x"}])
+
+
+def test_missing_template_falls_back_to_chatml():
+    t = ChatTemplate(None, "", "")
+    assert t.builtin
+    assert t.render([{"role": "user", "content": "a"}]) == "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n"
