@@ -42,8 +42,8 @@ class Daemon:
 
     def start(self, wait_model: bool = True, timeout: float = 120.0) -> Daemon:
         self.home.mkdir(parents=True, exist_ok=True)
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "llmd", "serve"], env=self.env, stdout=out, stderr=out)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "llmd", "serve"], env=self.env, stdout=out, stderr=out)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -40,6 +40,7 @@ class GenerationRequest:
     response_format: dict[str, Any] | None = None  # OpenAI shape; the engine turns it into a grammar
     ctx_limit: int | None = None  # a per-request context bound below the slot's (Ollama num_ctx)
     raw: bool = False  # prompt is already templated (Ollama raw, /v1/completions)
+    cache_prompt: bool = True  # reuse a cached prefix (off: compute the whole prompt)
 
 
 @dataclass(frozen=True)

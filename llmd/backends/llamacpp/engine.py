@@ -74,7 +74,10 @@ class LlamaCppEngine:
         cp.n_batch = self.n_batch
         cp.n_ubatch = self.n_batch
         cp.n_seq_max = cfg.n_slots
-        cp.kv_unified = True
+        # One KV stream per slot, not DESIGN's unified buffer: measured here, with kv_unified=True
+        # the same greedy request gave different text depending on which slot (which cells of the
+        # shared buffer) it landed in; with a stream per slot every slot gives identical text.
+        cp.kv_unified = False
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
         cp.n_threads = threads
         cp.n_threads_batch = threads
@@ -205,8 +208,11 @@ class LlamaCppEngine:
                 events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
                 continue
             # the free slot sharing the longest exact prefix; else the least recently used
-            slot = max(free, key=lambda s: (s.reusable(active.prompt, self.chunk), -s.last_used))
-            reuse = slot.reusable(active.prompt, self.chunk)
+            if req.cache_prompt:
+                slot = max(free, key=lambda s: (s.reusable(active.prompt, self.chunk), -s.last_used))
+                reuse = slot.reusable(active.prompt, self.chunk)
+            else:
+                slot, reuse = min(free, key=lambda s: s.last_used), 0
             self._L.llama_memory_seq_rm(self.mem, slot.seq, reuse, -1)
             del slot.tokens[reuse:]
             slot.exact = min(slot.exact, reuse)

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from llmd import __version__
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent
 from llmd.daemon.routes._common import Run, parse_body, start_run
-from llmd.errors import BadRequest
+from llmd.errors import BadRequest, LlmdError
 
 OLLAMA_COMPAT_VERSION = "0.12.0"  # the Ollama API version whose shapes these routes follow
 
@@ -140,9 +140,13 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
         return JSONResponse({**piece(text), **_final_fields(run)})
 
     async def lines() -> AsyncIterator[bytes]:
-        async for ev in run:
-            if isinstance(ev, TokenEvent):
-                yield _ndjson({**piece(ev.text), "done": False})
+        try:
+            async for ev in run:
+                if isinstance(ev, TokenEvent):
+                    yield _ndjson({**piece(ev.text), "done": False})
+        except LlmdError as e:  # after the first token the status is sent: report in the stream
+            yield _ndjson({"error": e.message})
+            return
         yield _ndjson({**piece(""), **_final_fields(run)})
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -19,7 +19,8 @@ from starlette.routing import Route
 
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
 from llmd.daemon.routes._common import Run, parse_body, start_run, text_of
-from llmd.errors import BadRequest
+from llmd.daemon.security import error_body
+from llmd.errors import BadRequest, LlmdError
 
 # ---- request bodies ---------------------------------------------------------------------------
 
@@ -72,6 +73,7 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: _StreamOptions | None = None
     response_format: _ResponseFormat | None = None
+    cache_prompt: bool = True  # llmd extension: false computes the whole prompt, reusing nothing
 
 
 class ChatBody(_Common):
@@ -104,6 +106,7 @@ def _generation(body: _Common, **what: Any) -> GenerationRequest:
                           frequency_penalty=body.frequency_penalty),
         stop=stop,
         response_format=response_format,
+        cache_prompt=body.cache_prompt,
         **what,
     )
 
@@ -164,9 +167,14 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
     async def stream() -> AsyncIterator[bytes]:
         if chat:
             yield _sse(chunk({"role": "assistant", "content": ""}, None))
-        async for ev in run:
-            if isinstance(ev, TokenEvent):
-                yield _sse(chunk({"content": ev.text} if chat else ev.text, None))
+        try:
+            async for ev in run:
+                if isinstance(ev, TokenEvent):
+                    yield _sse(chunk({"content": ev.text} if chat else ev.text, None))
+        except LlmdError as e:  # after the first token the status is sent: report in the stream
+            yield _sse(error_body("/v1", e))
+            yield b"data: [DONE]\n\n"
+            return
         assert run.final is not None
         yield _sse(chunk({} if chat else "", _finish_reason(run.final.finish_reason)))
         if include_usage:

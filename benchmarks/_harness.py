@@ -1,0 +1,112 @@
+"""Helpers the benchmarks share: start llmd and peers on free ports, stream a chat, summarise."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer in {timeout}s")
+
+
+def start_llmd(env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, Path]:
+    home = Path(tempfile.mkdtemp(prefix="llmd-bench-"))
+    port = free_port()
+    full_env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": str(port), **(env or {})}
+    log = (home / "daemon.out").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "llmd", "serve"], env=full_env, stdout=log, stderr=log, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/llmd/health", timeout=1.0).json()["loaded"]:
+                return proc, url, home
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"llmd exited: {(home / 'daemon.out').read_text()[-2000:]}")
+        time.sleep(0.2)
+    raise RuntimeError("llmd did not load its model in 180 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    tokens: int
+    decode_tps: float
+    text: str
+
+
+def from_times(t0: float, arrivals: list[float], text: str, tokens: int | None = None) -> Sample:
+    n = tokens if tokens is not None else len(arrivals)
+    ttft = arrivals[0] - t0 if arrivals else float("nan")
+    span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
+    # pieces may carry more than one token; count tokens after the first over the span
+    tps = (n - 1) / span if span > 0 and n > 1 else float("nan")
+    return Sample(ttft, n, tps, text)
+
+
+def stream_openai_chat(url: str, body: dict, client: httpx.Client | None = None) -> Sample:
+    """Stream /v1/chat/completions; time first and last content chunks as the client sees them."""
+    c = client or httpx.Client(timeout=600)
+    arrivals: list[float] = []
+    pieces: list[str] = []
+    usage_tokens = None
+    t0 = time.perf_counter()
+    with c.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True,
+                                                               "stream_options": {"include_usage": True}}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage_tokens = chunk["usage"]["completion_tokens"]
+            for ch in chunk.get("choices", []):
+                piece = (ch.get("delta") or {}).get("content")
+                if piece:
+                    arrivals.append(time.perf_counter())
+                    pieces.append(piece)
+    return from_times(t0, arrivals, "".join(pieces), usage_tokens)
+
+
+def med(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")

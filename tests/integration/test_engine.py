@@ -1,0 +1,116 @@
+"""Engine behaviour through the API: prefix reuse that does not change answers, cancellation,
+and recovery from a killed worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SYSTEM = (
+    "You are the archivist of the lighthouse museum of Port Elspeth. The museum holds the logbooks of "
+    "eleven keepers, from Agnes Morrow, who lit the first lamp in 1821, to Tobias Wren, who switched on "
+    "the electric beacon in 1954. Visitors ask about storms, shipwrecks and the keepers' daily routines: "
+    "trimming wicks, polishing the Fresnel lens, winding the clockwork that turned the light, and "
+    "recording the weather every four hours. The great storm of 1893 drove the schooner Marigold onto "
+    "the Skerry Rocks; keeper Elias Dunn rowed out twice and saved nine sailors. In 1907 the lens was "
+    "replaced after a crack appeared during a frost. Answer warmly, in two or three sentences, and name "
+    "the keeper involved whenever you can. If you do not know, say that the logbooks are silent. The "
+    "museum shop sells postcards of the tower, and the tea room serves scones on Sundays from May to "
+    "September; mention them only when a visitor asks about them."
+)
+
+
+def chat(http: httpx.Client, messages: list[dict], **kw) -> dict:
+    r = http.post("/v1/chat/completions", json={"messages": messages, "temperature": 0, "max_tokens": 48, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def slots_busy(http: httpx.Client) -> int:
+    return sum(m["stats"].get("slots_busy", 0) for m in http.get("/llmd/status").json()["loaded"])
+
+
+def test_prefix_reuse_gives_the_same_greedy_text(http: httpx.Client):
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Who saved the sailors in 1893?"}]
+    cold = chat(http, msgs)
+    assert 230 <= cold["usage"]["prompt_tokens"] <= 320, cold["usage"]
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    warm = chat(http, msgs)
+    cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 192 and cached % 64 == 0
+    assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+
+
+def test_next_turn_reuses_the_reply_and_keeps_the_answer(http: httpx.Client):
+    msgs = [{"role": "system", "content": SYSTEM + " Today is a quiet day."},
+            {"role": "user", "content": "Tell me about the lens."}]
+    first = chat(http, msgs, max_tokens=120)
+    turn2 = msgs + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": "And who switched on the electric beacon?"}]
+    time.sleep(1.0)  # the idle slot re-prefills the reply's whole chunks in the background
+    warm = chat(http, turn2)
+    cold = chat(http, turn2, cache_prompt=False)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # more than the first prompt: the reply's chunks were made exact while the slot was idle
+    assert cached > first["usage"]["prompt_tokens"] // 64 * 64, (cached, first["usage"])
+    assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+
+
+def test_client_disconnect_frees_the_slot(daemon, http: httpx.Client):
+    with daemon.client() as c, c.stream("POST", "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Write a very long essay about rivers."}],
+            "max_tokens": 2000, "temperature": 0, "stream": True}) as r:
+        for i, _line in enumerate(r.iter_lines()):
+            if i > 5:
+                break
+        status = http.get("/llmd/status").json()
+        assert status["loaded"][0]["stats"]["slots_busy"] == 1, json.dumps(status["loaded"])
+    deadline = time.monotonic() + 10
+    while slots_busy(http) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert slots_busy(http) == 0
+    assert chat(http, [{"role": "user", "content": "Hi"}], max_tokens=3)["choices"][0]["message"]["content"]
+
+
+def test_killed_worker_fails_the_request_then_recovers(daemon, http: httpx.Client):
+    pid = http.get("/llmd/status").json()["loaded"][0]["pid"]
+    events = []
+    with daemon.client() as c, c.stream("POST", "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Write a very long essay about mountains."}],
+            "max_tokens": 2000, "temperature": 0, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[6:])
+            if len(events) == 4:
+                os.kill(pid, signal.SIGKILL)
+    errors = [json.loads(e) for e in events if e != "[DONE]" and "error" in json.loads(e)]
+    assert errors and errors[0]["error"]["code"] == "engine_crashed"
+    assert "killed by signal 9" in errors[0]["error"]["message"]
+    # the next request starts a new worker and succeeds
+    body = chat(http, [{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert body["choices"][0]["message"]["content"]
+    status = http.get("/llmd/status").json()
+    assert status["loaded"][0]["pid"] != pid and status["worker_crashes"] >= 1
+
+
+def test_killed_worker_non_streaming_gives_500_then_recovers(daemon, http: httpx.Client):
+    import threading
+
+    pid = http.get("/llmd/status").json()["loaded"][0]["pid"]
+    threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+    r = http.post("/api/generate", json={"model": "smollm2-135m", "prompt": "Write a long essay about the moon.",
+                                         "stream": False, "options": {"temperature": 0, "num_predict": 2000}})
+    assert r.status_code == 500 and "killed" in r.json()["error"]
+    r = http.post("/api/generate", json={"model": "smollm2-135m", "prompt": "Hi", "stream": False,
+                                         "options": {"num_predict": 3}})
+    assert r.status_code == 200 and r.json()["done"]
