@@ -1,0 +1,152 @@
+"""Continuous batching: concurrent greedy requests give the same text as one at a time, long
+prompts do not stall running streams, a full queue answers 503, nothing leaks."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from conftest import Daemon
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = [
+    "Tell me about cats.", "Write a poem about rain.", "Explain gravity to a child.", "Name three rivers in Europe.",
+    "What is a prime number?", "Describe a sunset.", "How do bees make honey?", "Give me a tip for cooking rice.",
+]
+
+
+@pytest.fixture(scope="module")
+def daemon8(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("batch") / "home", env={"LLMD_SLOTS": "8", "LLMD_CTX": "2560"}).start()
+    yield d
+    d.stop()
+
+
+def complete(url: str, prompt: str, max_tokens: int = 40) -> str:
+    r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+        "cache_prompt": False})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def stream_times(url: str, prompt: str, max_tokens: int) -> list[float]:
+    times = []
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=300, json={
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"content":"' in line:
+                times.append(time.perf_counter())
+    return times
+
+
+def worker_stats(url: str) -> dict:
+    return httpx.get(url + "/llmd/status").json()["loaded"][0]
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_concurrent_greedy_equals_one_at_a_time(daemon8: Daemon, n: int):
+    alone = [complete(daemon8.url, p) for p in PROMPTS[:n]]
+    with cf.ThreadPoolExecutor(n) as pool:
+        together = list(pool.map(lambda p: complete(daemon8.url, p), PROMPTS[:n]))
+    assert together == alone
+
+
+def test_same_text_while_a_long_prompt_is_prefilled(daemon8: Daemon):
+    alone = [complete(daemon8.url, p) for p in PROMPTS[:3]]
+    long_prompt = "Summarize this: " + "The river flows past the old mill and under the stone bridge. " * 60
+    with cf.ThreadPoolExecutor(4) as pool:
+        long = pool.submit(complete, daemon8.url, long_prompt, 8)
+        time.sleep(0.3)
+        together = list(pool.map(lambda p: complete(daemon8.url, p), PROMPTS[:3]))
+        assert long.result()
+    assert together == alone
+
+
+def test_running_streams_keep_flowing_during_a_long_prefill(daemon8: Daemon):
+    long_prompt = "Summarize this: " + "The river flows past the old mill and under the stone bridge. " * 150
+    with cf.ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(stream_times, daemon8.url, p, 400) for p in PROMPTS[:3]]
+        time.sleep(1.5)  # the three streams are decoding
+        t_long = time.perf_counter()
+        long = pool.submit(complete, daemon8.url, long_prompt, 4)
+        long.result()
+        t_done = time.perf_counter()
+        times = [s.result() for s in streams]
+    prefill_s = t_done - t_long
+    assert prefill_s > 3, f"the long prompt took only {prefill_s:.1f}s; the test needs a longer prefill"
+    for ts in times:
+        during = [t for t in ts if t_long <= t <= t_done]
+        gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
+        # each step runs at most one 64-token prefill chunk (about 0.5 s on two slow cores), then one
+        # token for every decoding slot: a stream must never wait for the whole prompt
+        assert len(during) >= prefill_s / 2.5, (len(during), prefill_s)
+        assert max(gaps) < 2.5, f"a stream stalled {max(gaps):.2f}s during a {prefill_s:.1f}s prefill"
+
+
+def test_queue_full_is_503_with_retry_after(tmp_path: Path):
+    d = Daemon(tmp_path / "q", env={"LLMD_SLOTS": "1", "LLMD_MAX_QUEUE": "1"}).start()
+    try:
+        body = {"messages": [{"role": "user", "content": "Write a long essay about the sea."}], "max_tokens": 300,
+                "temperature": 0}
+        with cf.ThreadPoolExecutor(2) as pool:
+            running = [pool.submit(httpx.post, d.url + "/v1/chat/completions", json=body, timeout=300)
+                       for _ in range(2)]
+            time.sleep(1.0)
+            r = httpx.post(d.url + "/v1/chat/completions", json=body, timeout=30)
+            assert r.status_code == 503
+            assert r.headers["Retry-After"] == "1"
+            assert "limit 2" in r.json()["error"]["message"]
+            r = httpx.post(d.url + "/api/chat", json={"model": "smollm2-135m", "messages": body["messages"]}, timeout=30)
+            assert r.status_code == 503 and "retry" in r.json()["error"]
+            assert all(f.result().status_code == 200 for f in running)
+        assert httpx.post(d.url + "/v1/chat/completions", json={**body, "max_tokens": 3}, timeout=60).status_code == 200
+    finally:
+        d.stop()
+
+
+def test_nothing_leaks_after_200_mixed_requests(daemon8: Daemon):
+    pid = worker_stats(daemon8.url)["pid"]
+    proc = psutil.Process(pid)
+    complete(daemon8.url, "warm up", 4)
+    rss_before = proc.memory_info().rss
+
+    def one(i: int) -> int:
+        kind = i % 4
+        body = {"messages": [{"role": "user", "content": f"Request {i}: {PROMPTS[i % 8]}"}], "max_tokens": 6,
+                "temperature": 0.7 if i % 3 else 0}
+        if kind == 0:  # streamed and abandoned after the first chunk
+            with httpx.stream("POST", daemon8.url + "/v1/chat/completions", json={**body, "stream": True,
+                                                                                  "max_tokens": 200}, timeout=120) as r:
+                next(r.iter_lines())
+            return 200
+        if kind == 1:  # bad input
+            return httpx.post(daemon8.url + "/v1/chat/completions", json={**body, "temperature": "x"}).status_code
+        if kind == 2:
+            return httpx.post(daemon8.url + "/api/generate", timeout=120, json={
+                "model": "smollm2-135m", "prompt": body["messages"][0]["content"], "stream": False,
+                "options": {"num_predict": 6}}).status_code
+        return httpx.post(daemon8.url + "/v1/chat/completions", json=body, timeout=120).status_code
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(one, range(200)))
+    assert codes.count(400) == 50 and codes.count(200) == 150, codes
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        w = worker_stats(daemon8.url)
+        if w["stats"]["slots_busy"] == 0 and w["open_requests"] == 0:
+            break
+        time.sleep(0.1)
+    assert w["stats"]["slots_busy"] == 0 and w["stats"]["waiting"] == 0 and w["open_requests"] == 0, json.dumps(w)
+    assert httpx.get(daemon8.url + "/llmd/status").json()["requests_in_flight"] == 0
+    growth = proc.memory_info().rss - rss_before
+    assert growth < 40 * 1024 * 1024, f"worker RSS grew {growth / 1e6:.1f} MB over 200 requests"
