@@ -68,7 +68,7 @@ def main() -> None:
 
     results: dict[tuple[str, int], tuple[float, float, float]] = {}
     try:
-        for name, (url, _) in systems.items():  # warm-up
+        for url, _ in systems.values():  # warm-up
             stream_openai_chat(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         for n in levels:
             for name, (url, _) in systems.items():
