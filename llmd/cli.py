@@ -1,88 +1,263 @@
-"""The `llmd` command. Exit codes: 0 ok, 1 failure, 2 usage."""
+"""The `llmd` command. Exit codes: 0 ok, 1 failure, 2 usage (argparse)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
+import signal
+import subprocess
 import sys
+import time
 from typing import Any
 
 from llmd import __version__
-from llmd.config import describe, load_settings
+from llmd.config import Settings, describe, load_settings
 
 
-def _settings(args: argparse.Namespace) -> Any:
-    return load_settings({"host": getattr(args, "host", None), "port": getattr(args, "port", None),
-                          "model": getattr(args, "model", None)})
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    return load_settings({"host": getattr(args, "host", None), "port": getattr(args, "port", None), **extra})
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from llmd.client import Client
+
+    return Client(_settings(args))
+
+
+def _print_json(obj: Any) -> int:
+    print(json.dumps(obj, indent=2))
+    return 0
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1024 / 1024:.0f} MiB"
+
+
+# ---- daemon lifecycle -------------------------------------------------------------------------
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from llmd.daemon.server import serve
 
-    settings = load_settings({"host": args.host, "port": args.port, "model": args.model, "ctx": args.ctx,
-                              "slots": args.slots})
+    settings = _settings(args, model=args.model, ctx=args.ctx, slots=args.slots)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     serve(settings)
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from llmd.client import Client
+def cmd_start(args: argparse.Namespace) -> int:
+    """Start the daemon detached; return once it is healthy, or say why not."""
+    from llmd.client import DaemonNotRunning
 
-    status = Client(_settings(args)).status()
-    if args.json:
-        print(json.dumps(status, indent=2))
+    settings = _settings(args)
+    client = _client(args)
+    try:
+        client.health()
+        print(f"llmd is already running at {settings.base_url}")
         return 0
+    except DaemonNotRunning:
+        pass
+    settings.paths.ensure()
+    log_path = settings.paths.logs / "daemon.out"
+    cmd = [sys.executable, "-m", "llmd", "serve"]
+    if args.host:
+        cmd += ["--host", args.host]
+    if args.port:
+        cmd += ["--port", str(args.port)]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+            print(f"llmd: the daemon exited with code {proc.returncode}:\n  " + "\n  ".join(tail), file=sys.stderr)
+            return 1
+        try:
+            client.health()
+            print(f"llmd started at {settings.base_url} (pid {proc.pid}); logs in {log_path}")
+            return 0
+        except DaemonNotRunning:
+            time.sleep(0.1)
+    print(f"llmd: the daemon did not answer within {args.timeout:.0f}s; see {log_path}", file=sys.stderr)
+    return 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    pid_file = settings.paths.pid_file
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        print(f"llmd is not running (no pid file at {pid_file})")
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pid_file.unlink(missing_ok=True)
+        print("llmd was not running (removed a stale pid file)")
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print(f"llmd stopped (pid {pid})")
+            return 0
+        time.sleep(0.1)
+    print(f"llmd: pid {pid} did not stop within {args.timeout:.0f}s; `kill -9 {pid}` forces it", file=sys.stderr)
+    return 1
+
+
+# ---- status -----------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _client(args).status()
+    if args.json:
+        return _print_json(status)
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    console.print(f"llmd {status['version']} at {status['address']}, pid {status['pid']}, up {status['uptime_s']:.0f}s")
+    console.print(f"llmd {status['version']} [green]running[/] at {status['address']}, pid {status['pid']}, "
+                  f"up {status['uptime_s']:.0f}s")
     b = status["backend"]
     console.print(f"backend: {b['name']} ({b['precision']}): {b['reason']}")
-    console.print(f"active model: {status['active_model']}; requests in flight: {status['requests_in_flight']}")
-    table = Table("model", "pid", "slots busy", "waiting", "ctx/slot", "load s")
+    console.print(f"active model: {status['active_model']}; requests running or queued: "
+                  f"{status['requests_in_flight']} (limit {status['capacity']}); "
+                  f"memory available: {_mib(status['memory_available'])}")
+    table = Table("model", "pid", "memory", "slots busy", "queued", "ctx/slot", "step ms", "unloads")
     for m in status["loaded"]:
         st = m.get("stats") or {}
-        table.add_row(m["name"], str(m["pid"]), f"{st.get('slots_busy', '?')}/{st.get('slots', '?')}",
-                      str(st.get("waiting", "?")), str(m.get("n_ctx")), str(m.get("load_s")))
-    console.print(table)
+        exp = m.get("expires_at")
+        table.add_row(m["name"], str(m["pid"]), _mib(m.get("memory_estimate", {}).get("total")),
+                      f"{st.get('slots_busy', '?')}/{st.get('slots', '?')}", str(st.get("waiting", "?")),
+                      str(m.get("n_ctx")), str(st.get("step_ms_p50")),
+                      "never" if exp is None else f"in {max(0, exp - time.time()):.0f}s")
+    console.print(table if status["loaded"] else "no model loaded")
     return 0
 
 
-def cmd_models(args: argparse.Namespace) -> int:
-    from llmd.client import Client
-
-    models = Client(_settings(args)).models()
+def cmd_ps(args: argparse.Namespace) -> int:
+    loaded = _client(args).status()["loaded"]
     if args.json:
-        print(json.dumps(models, indent=2))
-        return 0
+        return _print_json(loaded)
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("name", "params", "quant", "size MB")
-    for m in models:
-        d = m["details"]
-        table.add_row(m["name"], d["parameter_size"], d["quantization_level"], f"{m['size'] / 1e6:.0f}")
+    table = Table("name", "pid", "memory", "processor", "context", "until")
+    for m in loaded:
+        exp = m.get("expires_at")
+        gpu = m.get("gpu_layers") or 0
+        table.add_row(m["name"], str(m["pid"]), _mib(m.get("memory_estimate", {}).get("total")),
+                      "100% CPU" if not gpu else f"{gpu} layers GPU", str(m.get("n_ctx")),
+                      "forever" if exp is None else time.strftime("%H:%M:%S", time.localtime(exp)))
     Console().print(table)
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from llmd.client import Client
+# ---- models -----------------------------------------------------------------------------------
 
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+
+def cmd_models(args: argparse.Namespace) -> int:
+    action = args.action or "list"
+    client = _client(args)
+    if action == "list":
+        models = client.models()
+        if args.json:
+            return _print_json(models)
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("name", "arch", "params", "quant", "size", "context", "loaded", "source")
+        for m in models:
+            mark = "active" if m["active"] else ("yes" if m["loaded"] else "")
+            table.add_row(m["name"], m["arch"], f"{m['n_params'] / 1e6:.0f}M", m["quantization"], _mib(m["size"]),
+                          str(m["context_length"]), mark, m["source"])
+        Console().print(table)
+        return 0
+    if not args.name:
+        print(f"llmd: `llmd models {action}` needs a model name (or a path for add)", file=sys.stderr)
+        return 2
+    if action == "show":
+        m = client.model(args.name)
+        if args.json:
+            return _print_json(m)
+        est = m["memory_estimate"]
+        g = m["gguf"]
+        print(f"{m['name']}: {g['arch']}, {g['n_params'] / 1e6:.0f}M parameters, {g['quantization']}, "
+              f"context {g['context_length']}, chat template: {'yes' if g['has_chat_template'] else 'no'}")
+        print(f"  file: {m['path']} ({_mib(m['size'])}, {m['digest']})")
+        print(f"  memory to load: {_mib(est['total'])} = weights {_mib(est['weights'])} + KV cache {_mib(est['kv'])} "
+              f"({est['n_slots']} slots x {est['n_ctx']} tokens) + compute {_mib(est['compute'])}")
+        return 0
+    if action == "add":
+        m = client.add_model(os.path.abspath(args.name), args.as_name)
+        print(f"added {m['name']}: {m['arch']}, {m['quantization']}, {_mib(m['size'])}")
+        return 0
+    if action == "rm":
+        r = client.remove_model(args.name)
+        print(f"removed {r['removed']}" + (" and deleted the file llmd had made" if r["deleted_file"] else
+                                            " (its file was left in place)"))
+        return 0
+    print(f"llmd: unknown models action {action!r}; use list, show, add or rm", file=sys.stderr)
+    return 2
+
+
+def cmd_use(args: argparse.Namespace) -> int:
+    r = _client(args).use(args.name)
+    print(f"active model: {r['active_model']} (worker pid {r['pid']}, {r['switch_s']:.2f}s)")
+    return 0
+
+
+# ---- generation -------------------------------------------------------------------------------
+
+
+def _params(args: argparse.Namespace) -> dict[str, Any]:
     params: dict[str, Any] = {}
     if args.max_tokens:
         params["max_tokens"] = args.max_tokens
     if args.temperature is not None:
         params["temperature"] = args.temperature
-    for piece in Client(_settings(args)).chat_stream(args.name, [{"role": "user", "content": prompt}], **params):
+    return params
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    for piece in _client(args).chat_stream(args.name, [{"role": "user", "content": prompt}], **_params(args)):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    client = _client(args)
+    client.health()
+    messages: list[dict[str, str]] = []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"Chatting with {args.name}. Empty line or Ctrl-D ends.")
+    while True:
+        if interactive:
+            sys.stdout.write(">>> ")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line or not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        reply = []
+        for piece in client.chat_stream(args.name, messages, **_params(args)):
+            reply.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+# ---- parser -----------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,34 +267,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"llmd {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def common(sp: argparse.ArgumentParser) -> None:
+    def cmd(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help)
         sp.add_argument("--host", help="daemon address (LLMD_HOST)")
         sp.add_argument("--port", type=int, help="daemon port (LLMD_PORT)")
+        sp.set_defaults(fn=fn)
+        return sp
 
-    s = sub.add_parser("serve", help="run the daemon in the foreground")
-    common(s)
+    s = cmd("serve", cmd_serve, "run the daemon in the foreground")
     s.add_argument("--model", help="model to load at start (LLMD_MODEL)")
     s.add_argument("--ctx", type=int, help="context per slot, tokens (LLMD_CTX)")
     s.add_argument("--slots", type=int, help="concurrent sequences (LLMD_SLOTS)")
-    s.set_defaults(fn=cmd_serve)
-
-    s = sub.add_parser("status", help="show the daemon, its models and its backend")
-    common(s)
+    s = cmd("start", cmd_start, "start the daemon in the background; returns once it answers")
+    s.add_argument("--timeout", type=float, default=120.0)
+    s = cmd("stop", cmd_stop, "stop the daemon")
+    s.add_argument("--timeout", type=float, default=30.0)
+    s = cmd("status", cmd_status, "daemon, loaded models, slots, backend and why")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(fn=cmd_status)
-
-    s = sub.add_parser("models", help="list registered models")
-    common(s)
+    s = cmd("ps", cmd_ps, "loaded models")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(fn=cmd_models)
-
-    s = sub.add_parser("run", help="stream one reply to the terminal (prompt from stdin when omitted)")
-    common(s)
-    s.add_argument("name", help="model name")
-    s.add_argument("prompt", nargs="?")
-    s.add_argument("--max-tokens", type=int)
-    s.add_argument("--temperature", type=float)
-    s.set_defaults(fn=cmd_run)
+    s = cmd("models", cmd_models, "list, show, add or remove models")
+    s.add_argument("action", nargs="?", choices=["list", "show", "add", "rm"])
+    s.add_argument("name", nargs="?", help="model name (a .gguf path for add)")
+    s.add_argument("--name", dest="as_name", help="name to register an added model under")
+    s.add_argument("--json", action="store_true")
+    s = cmd("use", cmd_use, "switch the active model (loads it, retires the other)")
+    s.add_argument("name")
+    for name, fn, help in (("run", cmd_run, "stream one reply (prompt from stdin when omitted)"),
+                           ("chat", cmd_chat, "chat interactively")):
+        s = cmd(name, fn, help)
+        s.add_argument("name", help="model name")
+        if name == "run":
+            s.add_argument("prompt", nargs="?")
+        s.add_argument("--max-tokens", type=int)
+        s.add_argument("--temperature", type=float)
     return p
 
 

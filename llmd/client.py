@@ -25,7 +25,15 @@ class DaemonError(Exception):
 class Client:
     def __init__(self, settings: Settings, timeout: float = 600.0) -> None:
         self.base_url = settings.base_url
+        self._token_file = settings.paths.config / "token"
         self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=2.0))
+
+    def _auth(self) -> dict[str, str]:
+        """The daemon's bearer token, read from the user's config dir (made by the daemon on first start)."""
+        try:
+            return {"Authorization": "Bearer " + self._token_file.read_text().strip()}
+        except OSError:
+            return {}
 
     def close(self) -> None:
         self._http.close()
@@ -46,7 +54,25 @@ class Client:
         return self._request("GET", "/llmd/status")
 
     def models(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/api/tags")["models"]
+        return self._request("GET", "/llmd/models")["models"]
+
+    def model(self, name: str) -> dict[str, Any]:
+        return self._request("GET", f"/llmd/models/{name}")
+
+    def add_model(self, path: str, name: str | None) -> dict[str, Any]:
+        return self._request("POST", "/llmd/models", json={"path": path, "name": name}, headers=self._auth())
+
+    def remove_model(self, name: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/llmd/models/{name}", headers=self._auth())
+
+    def use(self, name: str) -> dict[str, Any]:
+        return self._request("POST", "/llmd/models/active", json={"model": name}, headers=self._auth())
+
+    def load(self, name: str) -> dict[str, Any]:
+        return self._request("POST", "/llmd/models/load", json={"model": name}, headers=self._auth())
+
+    def unload(self, name: str) -> dict[str, Any]:
+        return self._request("POST", "/llmd/models/unload", json={"model": name}, headers=self._auth())
 
     def chat_stream(self, model: str | None, messages: list[dict[str, str]], **params: Any) -> Iterator[str]:
         body = {"model": model, "messages": messages, "stream": True, **params}

@@ -43,6 +43,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu_layers", int, 0, "layers to offload to a GPU when llama.cpp was built with one"),
     Setting("preload", bool, True, "load the default model when the daemon starts"),
     Setting("allowed_origins", str, "", "comma-separated browser origins allowed besides loopback ones"),
+    Setting("keep_alive", str, "5m", "unload a model idle this long (Ollama style: 30s, 5m, 1h, -1 = never)"),
+    Setting("max_loaded", int, 1, "models kept loaded at once; the least recently used idle one goes first"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -117,6 +119,8 @@ class Settings:
     gpu_layers: int = 0
     preload: bool = True
     allowed_origins: str = ""
+    keep_alive: str = "5m"
+    max_loaded: int = 1
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -150,10 +154,35 @@ def load_settings(overrides: dict[str, Any] | None = None, env: dict[str, str] |
             raise KeyError(f"unknown setting {k!r}")
         values[k] = v
     settings = Settings(**values)
-    for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body"):
+    parse_duration(settings.keep_alive)  # fail at start, not at the first unload
+    for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body", "max_loaded"):
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")
     return settings
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str | float | int | None) -> float | None:
+    """Ollama-style keep_alive: seconds as a number, or "300ms", "30s", "5m", "1h"; negative means
+    forever (None). Raises ValueError naming the value otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = value.strip().lower()
+        for unit in sorted(_UNITS, key=len, reverse=True):
+            if text.endswith(unit) and text[: -len(unit)].strip().lstrip("-").replace(".", "", 1).isdigit():
+                seconds = float(text[: -len(unit)]) * _UNITS[unit]
+                break
+        else:
+            try:
+                seconds = float(text)
+            except ValueError:
+                raise ValueError(f"keep_alive {value!r} is not a duration; use seconds or 30s, 5m, 1h, -1") from None
+    return None if seconds < 0 else seconds
 
 
 def describe() -> str:

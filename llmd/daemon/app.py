@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from llmd.config import Settings
 from llmd.daemon.routes import control, ollama, openai
 from llmd.daemon.scheduler import Scheduler
-from llmd.daemon.security import SecurityMiddleware, error_body
+from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_token
 from llmd.errors import LlmdError, Overloaded
 from llmd.models.registry import Registry
 
@@ -35,8 +35,9 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         settings.paths.ensure()
-        registry = Registry(settings.paths.registry_db)
+        registry = Registry(settings.paths.registry_db, settings.paths.models_dir)
         registry.sync_packaged()
+        app.state.token = load_or_create_token(settings.paths.config)
         sched = scheduler or Scheduler(settings, registry)
         app.state.settings = settings
         app.state.registry = registry

@@ -16,8 +16,10 @@ from typing import Any
 
 from llmd.backends.base import EngineConfig, ErrorEvent, Event, FinalEvent, GenerationRequest
 from llmd.backends.worker import WorkerHandle
-from llmd.config import Settings
-from llmd.errors import Overloaded, from_wire
+from llmd.config import Settings, parse_duration
+from llmd.errors import BadRequest, Overloaded, from_wire
+from llmd.models.gguf import read_gguf
+from llmd.models.memory import check_fit
 from llmd.models.registry import Registry
 
 log = logging.getLogger("llmd.scheduler")
@@ -26,13 +28,17 @@ WorkerFactory = Callable[[str, EngineConfig, asyncio.AbstractEventLoop, Callable
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, registry: Registry, worker_factory: WorkerFactory = WorkerHandle,
-                 max_loaded: int = 1) -> None:
+    def __init__(self, settings: Settings, registry: Registry, worker_factory: WorkerFactory = WorkerHandle) -> None:
         self.settings = settings
         self.registry = registry
         self._factory = worker_factory
-        self.max_loaded = max_loaded
+        self.max_loaded = settings.max_loaded
+        self.keep_alive = parse_duration(settings.keep_alive)
         self.workers: dict[str, WorkerHandle] = {}
+        self._keep: dict[str, float | None] = {}  # model -> keep_alive seconds (None: forever)
+        self._last_used: dict[str, float] = {}
+        self._retiring: set[str] = set()
+        self._reaper: asyncio.Task[None] | None = None
         self._loads: dict[str, asyncio.Task[WorkerHandle]] = {}
         self.active_model = settings.model
         self.in_flight = 0
@@ -60,6 +66,8 @@ class Scheduler:
 
     async def _load(self, name: str, row: dict[str, Any]) -> WorkerHandle:
         s = self.settings
+        # refuse before anything is allocated; other loaded models count as used memory already
+        estimate = check_fit(name, read_gguf(row["path"]), s.ctx, s.slots)
         cfg = EngineConfig(model_path=row["path"], model_name=name, n_ctx=s.ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=s.threads, gpu_layers=s.gpu_layers)
         loop = asyncio.get_running_loop()
@@ -69,9 +77,14 @@ class Scheduler:
         except BaseException:
             await asyncio.to_thread(worker.shutdown)
             raise
+        worker.info["memory_estimate"] = estimate.as_dict()
         self.workers[name] = worker
+        self._keep.setdefault(name, self.keep_alive)
+        self._last_used[name] = time.monotonic()
+        self._retiring.discard(name)
         log.info("loaded %s in worker pid %s (%.2fs)", name, worker.pid, worker.info.get("load_s", 0))
         self._retire_idle(keep=name)
+        self._ensure_reaper()
         return worker
 
     def _on_exit(self, worker: WorkerHandle) -> None:
@@ -82,15 +95,80 @@ class Scheduler:
                 self.crashes += 1
 
     def _retire_idle(self, keep: str | None = None) -> None:
-        """Stop workers beyond max_loaded once they have no open requests."""
+        """Stop workers beyond max_loaded (least recently used first), and those asked to unload,
+        once they have no open requests: a stream in flight always finishes."""
         keep = keep or self.active_model
-        extra = [n for n in self.workers if n != keep]
-        while len(self.workers) > self.max_loaded and extra:
-            name = extra.pop(0)
-            worker = self.workers[name]
-            if worker.open_requests == 0:
-                del self.workers[name]
-                asyncio.get_running_loop().run_in_executor(None, worker.shutdown)
+        extra = sorted((n for n in self.workers if n != keep), key=lambda n: self._last_used.get(n, 0.0))
+        over = len(self.workers) - self.max_loaded
+        for name in extra:
+            if over > 0:
+                self._retiring.add(name)
+                over -= 1
+        for name in list(self._retiring):
+            worker = self.workers.get(name)
+            if worker is None:
+                self._retiring.discard(name)
+            elif worker.open_requests == 0:
+                self._stop(name)
+
+    def _stop(self, name: str) -> None:
+        worker = self.workers.pop(name)
+        self._retiring.discard(name)
+        self._keep.pop(name, None)
+        log.info("unloading %s (worker pid %s)", name, worker.pid)
+        asyncio.get_running_loop().run_in_executor(None, worker.shutdown)
+
+    def unload(self, name: str) -> bool:
+        """Unload now, or as soon as its open requests finish. False if it was not loaded."""
+        if name not in self.workers:
+            return False
+        self._retiring.add(name)
+        self._retire_idle()
+        return True
+
+    async def set_active(self, name: str) -> WorkerHandle:
+        """Make `name` the model for requests that name none; load it, retire the others."""
+        self.registry.get(name)
+        worker, _ = await self.worker_for(name)
+        self.active_model = name
+        self._retire_idle(keep=name)
+        return worker
+
+    def set_keep_alive(self, name: str, value: str | float | int | None) -> None:
+        """Ollama's per-request keep_alive: applies to the model from now on; 0 unloads after the request."""
+        try:
+            self._keep[name] = parse_duration(value)
+        except ValueError as e:
+            raise BadRequest(str(e), "keep_alive") from None
+
+    def keep_alive_for(self, name: str) -> float | None:
+        return self._keep.get(name, self.keep_alive)
+
+    def expires_at(self, name: str) -> float | None:
+        keep = self._keep.get(name, self.keep_alive)
+        if keep is None:
+            return None
+        return time.time() + keep - (time.monotonic() - self._last_used.get(name, time.monotonic()))
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.ensure_future(self._reap())
+
+    async def _reap(self) -> None:
+        """Unload models idle longer than their keep_alive."""
+        while self.workers:
+            now = time.monotonic()
+            wait = 1.0
+            for name, worker in list(self.workers.items()):
+                keep = self._keep.get(name, self.keep_alive)
+                if keep is None or worker.open_requests:
+                    continue
+                left = self._last_used.get(name, now) + keep - now
+                if left <= 0:
+                    self._stop(name)
+                else:
+                    wait = min(wait, left)
+            await asyncio.sleep(max(wait, 0.05))
 
     # ---- generation ---------------------------------------------------------------------------
 
@@ -128,8 +206,11 @@ class Scheduler:
                     worker.cancel(req.id)
         finally:
             self.in_flight -= 1
-            if len(self.workers) > self.max_loaded:
-                self._retire_idle()
+            name = model or self.active_model
+            self._last_used[name] = time.monotonic()
+            if self._keep.get(name, self.keep_alive) == 0 and name in self.workers:
+                self._retiring.add(name)  # keep_alive 0: unload as soon as the request is done
+            self._retire_idle()
 
     # ---- status and shutdown ------------------------------------------------------------------
 
@@ -138,6 +219,7 @@ class Scheduler:
         for name, w in list(self.workers.items()):
             stats = await w.stats()
             loaded.append({"name": name, "pid": w.pid, "since": w.started, "open_requests": w.open_requests,
+                           "expires_at": self.expires_at(name), "retiring": name in self._retiring,
                            **{k: v for k, v in w.info.items() if k not in ("pid",)}, "stats": stats})
         return {
             "active_model": self.active_model,
@@ -149,6 +231,8 @@ class Scheduler:
         }
 
     async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
         for task in list(self._loads.values()):
             task.cancel()
         workers, self.workers = list(self.workers.values()), {}

@@ -9,11 +9,14 @@ unless the user allowed them.
 from __future__ import annotations
 
 import json
+import os
+import secrets
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from llmd.config import Settings
-from llmd.errors import Forbidden, LlmdError, PayloadTooLarge
+from llmd.errors import Forbidden, LlmdError, PayloadTooLarge, Unauthorized
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
@@ -94,3 +97,30 @@ async def _reject(scope: Any, send: Any, err: LlmdError) -> None:
     await send({"type": "http.response.start", "status": err.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def token_path(config_dir: Path) -> Path:
+    return config_dir / "token"
+
+
+def load_or_create_token(config_dir: Path) -> str:
+    """The bearer token for control routes: made on first start, readable by the user only."""
+    path = token_path(config_dir)
+    if path.exists():
+        return path.read_text().strip()
+    config_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def check_token(headers: Any, token: str) -> None:
+    got = headers.get("authorization", "")
+    scheme, _, value = got.partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip(), token):
+        raise Unauthorized(
+            "this route changes the daemon and needs its token: send 'Authorization: Bearer <token>' "
+            "with the token from the file 'token' in llmd's config dir (the llmd CLI and tray do this)"
+        )

@@ -31,7 +31,12 @@ def _m001_models(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS = [("001_models", _m001_models)]
+def _m002_packaged_seen(db: sqlite_utils.Database) -> None:
+    # packaged models are added once; a user's `llmd models rm` is not undone at the next start
+    db["packaged_seen"].create({"name": str}, pk="name")
+
+
+MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen)]
 
 
 def file_digest(path: Path) -> str:
@@ -43,14 +48,19 @@ def file_digest(path: Path) -> str:
 
 
 class Registry:
-    def __init__(self, db_path: Path) -> None:
+    def __init__(self, db_path: Path, models_dir: Path | None = None) -> None:
         self.db = open_db(db_path, MIGRATIONS)
+        self.models_dir = models_dir or db_path.parent / "models"
 
     def sync_packaged(self) -> None:
-        for name, path in find_packaged().items():
+        seen = {r["name"] for r in self.db["packaged_seen"].rows}
+        for name, path in find_packaged(self.models_dir).items():
             row = self._row(name)
+            if row is None and name in seen:
+                continue  # the user removed it
             if row is None or row["path"] != str(path) or not self._fresh(row):
                 self._register(name, path, "package")
+            self.db["packaged_seen"].upsert({"name": name}, pk="name")
 
     def add(self, path: Path, name: str | None = None, source: str = "user") -> dict[str, Any]:
         path = path.expanduser().resolve()
@@ -60,8 +70,11 @@ class Registry:
         return self._register(name, path, source)
 
     def remove(self, name: str) -> dict[str, Any]:
+        """Unregister; delete the file only if llmd created it (never a user's or a package's file)."""
         row = self.get(name)
         self.db["models"].delete(name)
+        if row["source"] == "created":
+            Path(row["path"]).unlink(missing_ok=True)
         return row
 
     def list(self) -> list[dict[str, Any]]:

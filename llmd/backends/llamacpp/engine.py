@@ -34,6 +34,12 @@ from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
 log = logging.getLogger("llmd.engine")
 
 
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 def _physical_cores() -> int:
     try:
         import psutil
@@ -56,6 +62,7 @@ class LlamaCppEngine:
         self.cfg = cfg
         self.chunk = cfg.chunk
         L.llama_backend_init()
+        rss0 = _rss()
         from llama_cpp._logger import set_verbose
 
         set_verbose(False)  # llama.cpp prints every load to stderr otherwise; keep errors
@@ -91,7 +98,6 @@ class LlamaCppEngine:
             )
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
-        self.load_s = time.perf_counter() - t0
         self.threads = threads
 
         self.bos = L.llama_vocab_bos(self.vocab)
@@ -106,6 +112,9 @@ class LlamaCppEngine:
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self._step_times: deque[float] = deque(maxlen=256)
         self.requests_done = 0
+        self._warm_up()
+        self.load_s = time.perf_counter() - t0
+        self.rss_load = _rss() - rss0
 
     # ---- public interface -------------------------------------------------------------------
 
@@ -127,6 +136,7 @@ class LlamaCppEngine:
             "threads": self.threads,
             "gpu_layers": self.cfg.gpu_layers,
             "load_s": round(self.load_s, 3),
+            "rss_load_bytes": self.rss_load,
             "chat_template": "builtin-chatml" if self.template.builtin else "gguf",
             "pid": os.getpid(),
         }
@@ -360,6 +370,15 @@ class LlamaCppEngine:
             return
         slot.tokens.extend(chunk)
         slot.exact = end
+
+    def _warm_up(self) -> None:
+        """One throwaway decode, so buffers are touched and the first request pays no first-call costs."""
+        L = self._L
+        tok = self.bos if self.bos >= 0 else 0
+        self._put(0, tok, 0, 0, True)
+        self.batch.n_tokens = 1
+        L.llama_decode(self.ctx, self.batch)
+        L.llama_memory_seq_rm(self.mem, 0, -1, -1)
 
     # ---- llama.cpp helpers --------------------------------------------------------------------
 

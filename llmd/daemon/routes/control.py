@@ -1,15 +1,38 @@
-"""llmd's own routes: health and status (read-only, open on loopback)."""
+"""llmd's own routes. Read-only ones (health, status, models) are open on loopback; the ones
+that change the daemon (load, unload, switch, add, remove) need the bearer token."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmd import __version__
+from llmd.daemon.routes._common import parse_body
+from llmd.daemon.security import check_token
+from llmd.models.gguf import read_gguf
+from llmd.models.memory import available_bytes, estimate
+
+
+class _ModelRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1)
+
+
+class _AddModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1)
+    name: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+
+
+def _authorize(request: Request) -> None:
+    check_token(request.headers, request.app.state.token)
 
 
 async def health(request: Request) -> Response:
@@ -28,12 +51,80 @@ async def status(request: Request) -> Response:
         "address": s.base_url,
         "backend": {"name": "llama.cpp", "precision": "gguf",
                     "reason": "llama.cpp (GGUF) is the only engine this build enables; automatic choice comes later"},
+        "memory_available": available_bytes(),
         **await app.state.scheduler.status(),
     }
     return JSONResponse(body)
 
 
+def _describe(request: Request, row: dict[str, Any]) -> dict[str, Any]:
+    s = request.app.state.settings
+    scheduler = request.app.state.scheduler
+    info = read_gguf(row["path"])
+    return {**row, "gguf": info.summary(), "memory_estimate": estimate(info, s.ctx, s.slots).as_dict(),
+            "loaded": row["name"] in scheduler.workers, "active": row["name"] == scheduler.active_model}
+
+
+async def list_models(request: Request) -> Response:
+    scheduler = request.app.state.scheduler
+    return JSONResponse({"models": [{**m, "loaded": m["name"] in scheduler.workers,
+                                     "active": m["name"] == scheduler.active_model}
+                                    for m in request.app.state.registry.list()]})
+
+
+async def show_model(request: Request) -> Response:
+    return JSONResponse(_describe(request, request.app.state.registry.get(request.path_params["name"])))
+
+
+async def add_model(request: Request) -> Response:
+    _authorize(request)
+    body = await parse_body(request, _AddModel)
+    row = request.app.state.registry.add(Path(body.path), body.name)
+    return JSONResponse(_describe(request, row), status_code=201)
+
+
+async def remove_model(request: Request) -> Response:
+    _authorize(request)
+    name = request.path_params["name"]
+    registry = request.app.state.registry
+    registry.get(name)
+    request.app.state.scheduler.unload(name)
+    row = registry.remove(name)
+    return JSONResponse({"removed": name, "deleted_file": row["source"] == "created"})
+
+
+async def load_model(request: Request) -> Response:
+    _authorize(request)
+    body = await parse_body(request, _ModelRef)
+    worker, load_s = await request.app.state.scheduler.worker_for(body.model)
+    return JSONResponse({"model": body.model, "pid": worker.pid, "load_s": round(load_s, 3)})
+
+
+async def unload_model(request: Request) -> Response:
+    _authorize(request)
+    body = await parse_body(request, _ModelRef)
+    request.app.state.registry.get(body.model)
+    was_loaded = request.app.state.scheduler.unload(body.model)
+    return JSONResponse({"model": body.model, "unloading": was_loaded})
+
+
+async def set_active(request: Request) -> Response:
+    _authorize(request)
+    body = await parse_body(request, _ModelRef)
+    t0 = time.perf_counter()
+    worker = await request.app.state.scheduler.set_active(body.model)
+    return JSONResponse({"active_model": body.model, "pid": worker.pid,
+                         "switch_s": round(time.perf_counter() - t0, 3)})
+
+
 routes = [
     Route("/llmd/health", health, methods=["GET"]),
     Route("/llmd/status", status, methods=["GET"]),
+    Route("/llmd/models", list_models, methods=["GET"]),
+    Route("/llmd/models", add_model, methods=["POST"]),
+    Route("/llmd/models/load", load_model, methods=["POST"]),
+    Route("/llmd/models/unload", unload_model, methods=["POST"]),
+    Route("/llmd/models/active", set_active, methods=["POST"]),
+    Route("/llmd/models/{name:str}", show_model, methods=["GET"]),
+    Route("/llmd/models/{name:str}", remove_model, methods=["DELETE"]),
 ]

@@ -152,8 +152,15 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
+def _keep_alive(request: Request, body: _Base) -> None:
+    if body.keep_alive is not None:
+        request.app.state.registry.get(body.model)
+        request.app.state.scheduler.set_keep_alive(body.model, body.keep_alive)
+
+
 async def chat(request: Request) -> Response:
     body = await parse_body(request, ChatBody)
+    _keep_alive(request, body)
     if any(m.images for m in body.messages):
         raise BadRequest("messages carry images; the loaded models are text-only", "messages.images")
     if not body.messages:  # Ollama loads the model and answers done
@@ -165,6 +172,7 @@ async def chat(request: Request) -> Response:
 
 async def generate(request: Request) -> Response:
     body = await parse_body(request, GenerateBody)
+    _keep_alive(request, body)
     if body.images:
         raise BadRequest("the request carries images; the loaded models are text-only", "images")
     if not body.prompt and not body.system:
@@ -180,9 +188,15 @@ async def generate(request: Request) -> Response:
 
 
 async def _load_only(request: Request, body: _Base, chat: bool) -> Response:
-    _, load_s = await request.app.state.scheduler.worker_for(body.model)
-    out: dict[str, Any] = {"model": body.model, "created_at": _now(), "done": True, "done_reason": "load",
-                           "load_duration": int(load_s * 1e9)}
+    """Ollama's empty request: load the model (or, with keep_alive 0, unload it)."""
+    scheduler = request.app.state.scheduler
+    if body.keep_alive is not None and scheduler.keep_alive_for(body.model) == 0:
+        scheduler.unload(body.model)
+        out: dict[str, Any] = {"model": body.model, "created_at": _now(), "done": True, "done_reason": "unload"}
+    else:
+        _, load_s = await scheduler.worker_for(body.model)
+        out = {"model": body.model, "created_at": _now(), "done": True, "done_reason": "load",
+               "load_duration": int(load_s * 1e9)}
     if chat:
         out["message"] = {"role": "assistant", "content": ""}
     else:
@@ -214,9 +228,12 @@ async def ps(request: Request) -> Response:
     out = []
     for name, w in list(scheduler.workers.items()):
         m = registry.get(name)
-        out.append({"name": name, "model": name, "size": m["size"], "digest": m["digest"].removeprefix("sha256:"),
-                    "details": _details(m), "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
-                    "context_length": w.cfg.n_ctx})
+        exp = scheduler.expires_at(name)
+        expires = (datetime.fromtimestamp(exp, timezone.utc).isoformat().replace("+00:00", "Z")
+                   if exp is not None else "2318-08-30T00:00:00Z")
+        out.append({"name": name, "model": name, "size": w.info.get("memory_estimate", {}).get("total", m["size"]),
+                    "digest": m["digest"].removeprefix("sha256:"), "details": _details(m), "expires_at": expires,
+                    "size_vram": 0, "context_length": w.cfg.n_ctx})
     return JSONResponse({"models": out})
 
 
