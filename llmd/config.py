@@ -45,6 +45,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("allowed_origins", str, "", "comma-separated browser origins allowed besides loopback ones"),
     Setting("keep_alive", str, "5m", "unload a model idle this long (Ollama style: 30s, 5m, 1h, -1 = never)"),
     Setting("max_loaded", int, 1, "models kept loaded at once; the least recently used idle one goes first"),
+    Setting("standby", bool, True, "keep one worker process started ahead, so loads and switches skip its start"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -121,6 +122,7 @@ class Settings:
     allowed_origins: str = ""
     keep_alive: str = "5m"
     max_loaded: int = 1
+    standby: bool = True
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:

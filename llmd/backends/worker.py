@@ -33,20 +33,33 @@ from llmd.errors import EngineCrashed, EngineError, LlmdError, from_wire
 log = logging.getLogger("llmd.worker")
 
 
-def load_engine(backend: str, cfg: EngineConfig) -> Any:
+def engine_class(backend: str) -> Any:
     """Import an engine class by name only when it is needed (heavy imports stay lazy)."""
     from llmd.backends import ENGINES
 
     module_name, _, cls_name = ENGINES[backend].partition(":")
     module = __import__(module_name, fromlist=[cls_name])
-    return getattr(module, cls_name)(cfg)
+    return getattr(module, cls_name)
 
 
-def worker_main(conn: Any, backend: str, cfg: EngineConfig) -> None:
-    """Entry point of the worker process."""
+def worker_main(conn: Any, backend: str, cfg: EngineConfig | None) -> None:
+    """Entry point of the worker process. With cfg None it is a standby: it imports the engine
+    (llama_cpp and its shared library) now and waits for the EngineConfig of the next load, so a
+    model switch does not pay for interpreter start and imports."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s worker %(levelname)s %(message)s")
     try:
-        engine = load_engine(backend, cfg)
+        cls = engine_class(backend)
+        if cfg is None:
+            preload = getattr(cls, "preload", None)
+            if preload is not None:
+                preload()
+            try:
+                cfg = conn.recv()
+            except (EOFError, KeyboardInterrupt):
+                return
+            if not isinstance(cfg, EngineConfig):
+                return
+        engine = cls(cfg)
     except LlmdError as e:
         conn.send(Loaded({}, e.to_wire()))
         return
@@ -80,7 +93,7 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig) -> None:
 class WorkerHandle:
     """The daemon side of one worker process. Thread-safe sends; events land on asyncio queues."""
 
-    def __init__(self, backend: str, cfg: EngineConfig, loop: asyncio.AbstractEventLoop,
+    def __init__(self, backend: str, cfg: EngineConfig | None, loop: asyncio.AbstractEventLoop,
                  on_exit: Callable[[WorkerHandle], None] | None = None) -> None:
         self.backend = backend
         self.cfg = cfg
@@ -95,12 +108,20 @@ class WorkerHandle:
         self.alive = True
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        label = cfg.model_name if cfg else "standby"
         self.process = ctx.Process(target=worker_main, args=(child, backend, cfg), daemon=True,
-                                   name=f"llmd-worker-{cfg.model_name}")
+                                   name=f"llmd-worker-{label}")
         self.process.start()
         child.close()
-        self._reader = threading.Thread(target=self._read, name=f"llmd-reader-{cfg.model_name}", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"llmd-reader-{label}", daemon=True)
         self._reader.start()
+
+    def assign(self, cfg: EngineConfig) -> None:
+        """Give a standby worker the model to load."""
+        assert self.cfg is None, "only a standby worker takes a model"
+        self.cfg = cfg
+        with self._lock:
+            self._conn.send(cfg)
 
     @property
     def pid(self) -> int | None:
@@ -202,6 +223,10 @@ class WorkerHandle:
         with self._lock:
             self.alive = False
             queues, self._queues = self._queues, {}
+        if self.cfg is None:  # a standby that never took a model
+            if self._on_exit:
+                self._on_exit(self)
+            return
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         err = EngineCrashed(
             f"the engine worker for {self.cfg.model_name} {how} during this request; "

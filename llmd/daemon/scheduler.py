@@ -38,7 +38,9 @@ class Scheduler:
         self._keep: dict[str, float | None] = {}  # model -> keep_alive seconds (None: forever)
         self._last_used: dict[str, float] = {}
         self._retiring: set[str] = set()
+        self._users: dict[str, int] = {}  # requests using each model, from before its load to their end
         self._reaper: asyncio.Task[None] | None = None
+        self._standby: WorkerHandle | None = None  # a started worker waiting for its model
         self._loads: dict[str, asyncio.Task[WorkerHandle]] = {}
         self.active_model = settings.model
         self.in_flight = 0
@@ -70,8 +72,7 @@ class Scheduler:
         estimate = check_fit(name, read_gguf(row["path"]), s.ctx, s.slots)
         cfg = EngineConfig(model_path=row["path"], model_name=name, n_ctx=s.ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=s.threads, gpu_layers=s.gpu_layers)
-        loop = asyncio.get_running_loop()
-        worker = self._factory("llama.cpp", cfg, loop, self._on_exit)
+        worker = self._take_standby(cfg)
         try:
             await worker.wait_loaded()
         except BaseException:
@@ -87,7 +88,25 @@ class Scheduler:
         self._ensure_reaper()
         return worker
 
+    def _take_standby(self, cfg: EngineConfig) -> WorkerHandle:
+        """The standby worker (interpreter and llama_cpp already loaded) if there is one, else a new
+        worker; then start the next standby so the following switch is fast too."""
+        loop = asyncio.get_running_loop()
+        worker = self._standby
+        self._standby = None
+        if worker is not None and worker.alive:
+            worker.assign(cfg)
+        else:
+            worker = self._factory("llama.cpp", cfg, loop, self._on_exit)
+        if self.settings.standby:
+            self._standby = self._factory("llama.cpp", None, loop, self._on_exit)
+        return worker
+
     def _on_exit(self, worker: WorkerHandle) -> None:
+        if worker.cfg is None:
+            if self._standby is worker:
+                self._standby = None
+            return
         name = worker.cfg.model_name
         if self.workers.get(name) is worker:
             del self.workers[name]
@@ -108,7 +127,7 @@ class Scheduler:
             worker = self.workers.get(name)
             if worker is None:
                 self._retiring.discard(name)
-            elif worker.open_requests == 0:
+            elif not self._users.get(name):
                 self._stop(name)
 
     def _stop(self, name: str) -> None:
@@ -159,9 +178,9 @@ class Scheduler:
         while self.workers:
             now = time.monotonic()
             wait = 1.0
-            for name, worker in list(self.workers.items()):
+            for name, _worker in list(self.workers.items()):
                 keep = self._keep.get(name, self.keep_alive)
-                if keep is None or worker.open_requests:
+                if keep is None or self._users.get(name):
                     continue
                 left = self._last_used.get(name, now) + keep - now
                 if left <= 0:
@@ -183,8 +202,10 @@ class Scheduler:
                 retry_after=1,
             )
         self.in_flight += 1
+        name = model or self.active_model
+        self._users[name] = self._users.get(name, 0) + 1
         try:
-            worker, load_s = await self.worker_for(model)
+            worker, load_s = await self.worker_for(name)
             if timing is not None:
                 timing["load_s"] = load_s
             queue = worker.submit(req)
@@ -206,7 +227,7 @@ class Scheduler:
                     worker.cancel(req.id)
         finally:
             self.in_flight -= 1
-            name = model or self.active_model
+            self._users[name] -= 1
             self._last_used[name] = time.monotonic()
             if self._keep.get(name, self.keep_alive) == 0 and name in self.workers:
                 self._retiring.add(name)  # keep_alive 0: unload as soon as the request is done
@@ -236,4 +257,7 @@ class Scheduler:
         for task in list(self._loads.values()):
             task.cancel()
         workers, self.workers = list(self.workers.values()), {}
+        if self._standby is not None:
+            workers.append(self._standby)
+            self._standby = None
         await asyncio.gather(*(asyncio.to_thread(w.shutdown) for w in workers))

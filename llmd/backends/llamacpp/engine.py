@@ -55,6 +55,13 @@ class LlamaCppEngine:
     supports_prefix_cache = True
     precisions = ("gguf",)
 
+    @staticmethod
+    def preload() -> None:
+        """Import llama_cpp and initialise its backend ahead of a load (for standby workers)."""
+        import llama_cpp as L
+
+        L.llama_backend_init()
+
     def __init__(self, cfg: EngineConfig) -> None:
         import llama_cpp as L
 

@@ -1,0 +1,222 @@
+"""Models and the CLI as a user runs them: `llmd` subprocesses against a real daemon."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Daemon
+
+from llmd.models.catalog import find_packaged
+
+pytestmark = pytest.mark.integration
+SMOL, GEMMA = "smollm2-135m", "gemma3-270m"
+
+
+def llmd(daemon: Daemon, *args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmd", *args], env=daemon.env, capture_output=True, text=True,
+                          input=input, timeout=timeout)
+
+
+def token(daemon: Daemon) -> dict[str, str]:
+    return {"Authorization": "Bearer " + (daemon.home / "config" / "token").read_text().strip()}
+
+
+def loaded(daemon: Daemon) -> list[str]:
+    return [m["name"] for m in httpx.get(daemon.url + "/api/ps").json()["models"]]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("models") / "home", env={"LLMD_SLOTS": "2", "LLMD_CTX": "1024"}).start()
+    yield d
+    d.stop()
+
+
+def test_cli_says_when_the_daemon_is_not_running(tmp_path: Path):
+    d = Daemon(tmp_path / "none")
+    for args in (["status"], ["models"], ["run", SMOL, "hi"]):
+        r = llmd(d, *args)
+        assert r.returncode == 1
+        assert "not running" in r.stderr and "llmd serve" in r.stderr
+    assert llmd(d, "frobnicate").returncode == 2
+
+
+def test_start_status_stop(tmp_path: Path):
+    d = Daemon(tmp_path / "life")
+    r = llmd(d, "start")
+    assert r.returncode == 0, r.stderr
+    assert "started" in r.stdout
+    try:
+        status = json.loads(llmd(d, "status", "--json").stdout)
+        assert status["address"] == d.url and status["active_model"] == SMOL
+        assert "reason" in status["backend"]
+        human = llmd(d, "status").stdout
+        assert "running" in human and SMOL in human and d.url in human
+    finally:
+        r = llmd(d, "stop")
+    assert r.returncode == 0 and "stopped" in r.stdout
+    assert llmd(d, "status").returncode == 1
+
+
+def test_packaged_models_are_registered(two: Daemon):
+    models = json.loads(llmd(two, "models", "--json").stdout)
+    by = {m["name"]: m for m in models}
+    assert by[SMOL]["quantization"] == "Q4_1" and by[SMOL]["active"]
+    assert by[GEMMA]["arch"] == "gemma3" and by[GEMMA]["quantization"] == "Q4_K_M"
+    assert by[GEMMA]["digest"].startswith("sha256:a5fd3b62")  # the package's published sha256
+    out = llmd(two, "models", "show", GEMMA).stdout
+    assert "memory to load" in out and "KV cache" in out
+
+
+def test_add_validates_and_rm_keeps_the_file(two: Daemon, tmp_path: Path):
+    good = tmp_path / "my-smol.gguf"
+    shutil.copy(find_packaged()[SMOL], good)
+    before = llmd(two, "models", "--json").stdout
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:40_000_000])
+    r = llmd(two, "models", "add", str(cut))
+    assert r.returncode == 1 and "truncated" in r.stderr
+    txt = tmp_path / "notes.gguf"
+    txt.write_text("hello")
+    r = llmd(two, "models", "add", str(txt))
+    assert r.returncode == 1 and "GGUF" in r.stderr
+    assert llmd(two, "models", "--json").stdout == before  # registry unchanged
+
+    r = llmd(two, "models", "add", str(good), "--name", "mine")
+    assert r.returncode == 0, r.stderr
+    m = json.loads(llmd(two, "models", "show", "mine", "--json").stdout)
+    assert m["arch"] == "llama" and m["gguf"]["has_chat_template"] and m["size"] == good.stat().st_size
+    assert llmd(two, "models", "add", str(good), "--name", "mine").returncode == 1  # name taken
+    r = llmd(two, "models", "rm", "mine")
+    assert r.returncode == 0 and "left in place" in r.stdout
+    assert good.exists()
+    assert "mine" not in llmd(two, "models").stdout
+
+
+def test_control_routes_need_the_token(two: Daemon):
+    r = httpx.post(two.url + "/llmd/models/active", json={"model": GEMMA})
+    assert r.status_code == 401 and "token" in r.json()["error"]["message"]
+    r = httpx.post(two.url + "/llmd/models/active", json={"model": GEMMA}, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+    assert httpx.get(two.url + "/llmd/status").json()["active_model"] == SMOL
+    mode = (two.home / "config" / "token").stat().st_mode & 0o777
+    assert mode == 0o600
+
+
+def test_run_reads_stdin_and_streams(two: Daemon):
+    r = llmd(two, "run", SMOL, "--max-tokens", "5", "--temperature", "0", input="Say hello.")
+    assert r.returncode == 0 and r.stdout.strip()
+    r = llmd(two, "chat", SMOL, "--max-tokens", "5", input="Hi\nAnd again?\n\n")
+    assert r.returncode == 0 and len(r.stdout.strip().splitlines()) >= 2
+
+
+def test_on_demand_load_is_shared_and_bounded(two: Daemon):
+    body = {"model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+    with cf.ThreadPoolExecutor(4) as pool:
+        rs = list(pool.map(lambda _: httpx.post(two.url + "/v1/chat/completions", json=body, timeout=120), range(4)))
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs]
+    assert all(r.json()["model"] == GEMMA for r in rs)
+    # loaded once (one worker for all four), and at most one model kept on this CPU machine
+    deadline = time.monotonic() + 10
+    while loaded(two) != [GEMMA] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert loaded(two) == [GEMMA]
+    log = (two.home / "daemon.out").read_text()
+    assert log.count(f"loaded {GEMMA} in worker") == 1
+
+
+def test_switch_under_load_finishes_the_old_stream(two: Daemon):
+    httpx.post(two.url + "/llmd/models/active", json={"model": SMOL}, headers=token(two), timeout=120)
+    pieces: list[str] = []
+    final: dict = {}
+
+    def stream_old() -> None:
+        with httpx.stream("POST", two.url + "/v1/chat/completions", timeout=300, json={
+                "model": SMOL, "messages": [{"role": "user", "content": "Write a long story about a fox."}],
+                "max_tokens": 150, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        final.update(chunk["usage"])
+                    for ch in chunk["choices"]:
+                        pieces.append(ch["delta"].get("content") or "")
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        fut = pool.submit(stream_old)
+        time.sleep(1.0)
+        r = llmd(two, "use", GEMMA)
+        assert r.returncode == 0, r.stderr
+        new = httpx.post(two.url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert new.json()["model"] == GEMMA
+        fut.result()
+    assert final["completion_tokens"] == 150, final  # the old stream ran to its end
+    assert len("".join(pieces)) > 100
+    deadline = time.monotonic() + 10
+    while loaded(two) != [GEMMA] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert loaded(two) == [GEMMA]
+    assert llmd(two, "use", SMOL).returncode == 0
+    assert loaded(two) == [SMOL] or SMOL in loaded(two)
+
+
+def test_memory_estimate_matches_the_workers_rss(two: Daemon):
+    for name in (SMOL, GEMMA):
+        httpx.post(two.url + "/llmd/models/active", json={"model": name}, headers=token(two), timeout=120)
+        m = next(x for x in httpx.get(two.url + "/llmd/status").json()["loaded"] if x["name"] == name)
+        est, rss = m["memory_estimate"]["total"], m["rss_load_bytes"]
+        assert abs(est - rss) / rss < 0.25, (name, est, rss)
+    httpx.post(two.url + "/llmd/models/active", json={"model": SMOL}, headers=token(two), timeout=120)
+
+
+def test_a_load_that_cannot_fit_is_refused_with_numbers(tmp_path: Path):
+    d = Daemon(tmp_path / "huge", env={"LLMD_CTX": "4000000", "LLMD_SLOTS": "1", "LLMD_PRELOAD": "0"}).start(
+        wait_model=False)
+    try:
+        r = httpx.post(d.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                       timeout=60)
+        assert r.status_code == 507, r.text
+        msg = r.json()["error"]["message"]
+        assert "MiB" in msg and "available" in msg and "LLMD_CTX=" in msg
+        assert loaded(d) == []
+    finally:
+        d.stop()
+
+
+def test_idle_unload_and_keep_alive_zero(tmp_path: Path):
+    d = Daemon(tmp_path / "idle", env={"LLMD_KEEP_ALIVE": "2s", "LLMD_SLOTS": "1", "LLMD_CTX": "512"}).start()
+    try:
+        assert loaded(d) == [SMOL]
+        time.sleep(3.5)
+        assert loaded(d) == []
+        r = httpx.post(d.url + "/api/generate", timeout=120, json={
+            "model": SMOL, "prompt": "hi", "stream": False, "options": {"num_predict": 2}, "keep_alive": 0})
+        assert r.status_code == 200
+        deadline = time.monotonic() + 5
+        while loaded(d) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert loaded(d) == []
+        # Ollama's empty request loads (and keep_alive -1 keeps it forever)
+        r = httpx.post(d.url + "/api/generate", json={"model": SMOL, "keep_alive": -1}, timeout=120)
+        assert r.json()["done_reason"] == "load"
+        time.sleep(2.5)
+        assert loaded(d) == [SMOL]
+        assert httpx.get(d.url + "/api/ps").json()["models"][0]["expires_at"].startswith("2318")
+    finally:
+        d.stop()
+
+
+def test_port_in_use_is_reported(two: Daemon):
+    env = {**two.env, "LLMD_PORT": str(two.port), "LLMD_HOME": str(two.home.parent / "other")}
+    r = subprocess.run([sys.executable, "-m", "llmd", "serve"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "already running" in r.stderr and str(two.port) in r.stderr
