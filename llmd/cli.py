@@ -212,6 +212,31 @@ def cmd_use(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.action == "clear":
+        both = not args.responses and not args.prefixes
+        r = client.cache_clear(responses=both or args.responses, prefixes=both or args.prefixes)
+        print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in r.items()) or "nothing to clear")
+        return 0
+    st = client.cache_stats()
+    if args.json:
+        return _print_json(st)
+    r, p = st["responses"], st["prefixes"]
+    if r.get("enabled") is False:
+        print("response cache: off")
+    else:
+        print(f"response cache: {r['entries']} replies, {_mib(r['bytes'])} of {_mib(r['max_bytes'])}; "
+              f"hits {r['hits']}, misses {r['misses']}, bypassed {r['bypasses']} since start")
+    print(f"prefix cache: {p['entries']} entries, {_mib(p['bytes'])} of {_mib(p['max_bytes'])}; "
+          f"entries reused {p['entry_hits']} times")
+    for name, e in (p.get("engines") or {}).items():
+        if e:
+            print(f"  {name}: {e['hits']} hits, {e['misses']} misses, {e['tokens_restored']} tokens restored, "
+                  f"{e['saved']} saved")
+    return 0
+
+
 # ---- generation -------------------------------------------------------------------------------
 
 
@@ -290,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", nargs="?", choices=["list", "show", "add", "rm"])
     s.add_argument("name", nargs="?", help="model name (a .gguf path for add)")
     s.add_argument("--name", dest="as_name", help="name to register an added model under")
+    s.add_argument("--json", action="store_true")
+    s = cmd("cache", cmd_cache, "response and prefix cache: stats, or clear [--responses] [--prefixes]")
+    s.add_argument("action", nargs="?", choices=["stats", "clear"], default="stats")
+    s.add_argument("--responses", action="store_true", help="clear only the response cache")
+    s.add_argument("--prefixes", action="store_true", help="clear only the prefix KV cache")
     s.add_argument("--json", action="store_true")
     s = cmd("use", cmd_use, "switch the active model (loads it, retires the other)")
     s.add_argument("name")

@@ -71,6 +71,13 @@ class Client:
     def load(self, name: str) -> dict[str, Any]:
         return self._request("POST", "/llmd/models/load", json={"model": name}, headers=self._auth())
 
+    def cache_stats(self) -> dict[str, Any]:
+        return self._request("GET", "/llmd/cache")
+
+    def cache_clear(self, responses: bool, prefixes: bool) -> dict[str, Any]:
+        return self._request("POST", "/llmd/cache/clear", json={"responses": responses, "prefixes": prefixes},
+                             headers=self._auth())
+
     def unload(self, name: str) -> dict[str, Any]:
         return self._request("POST", "/llmd/models/unload", json={"model": name}, headers=self._auth())
 

@@ -45,6 +45,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("allowed_origins", str, "", "comma-separated browser origins allowed besides loopback ones"),
     Setting("keep_alive", str, "5m", "unload a model idle this long (Ollama style: 30s, 5m, 1h, -1 = never)"),
     Setting("max_loaded", int, 1, "models kept loaded at once; the least recently used idle one goes first"),
+    Setting("response_cache", bool, True, "answer repeated deterministic requests from the SQLite response cache"),
+    Setting("response_cache_ttl", float, 3600.0, "seconds a cached response stays valid"),
+    Setting("response_cache_mb", int, 256, "size bound of the response cache, MiB (least recently used go first)"),
+    Setting("prefix_cache_mb", int, 2048, "size bound of the on-disk prompt-prefix KV cache, MiB (0 turns it off)"),
+    Setting("prefix_min_tokens", int, 256, "save a prompt's KV to disk when it has at least this many tokens"),
     Setting("standby", bool, True, "keep one worker process started ahead, so loads and switches skip its start"),
 )
 
@@ -97,6 +102,14 @@ class Paths:
         return self.data / "models"
 
     @property
+    def responses_db(self) -> Path:
+        return self.cache / "responses.db"
+
+    @property
+    def prefix_dir(self) -> Path:
+        return self.cache / "prefix"
+
+    @property
     def pid_file(self) -> Path:
         return self.data / "llmd.pid"
 
@@ -123,6 +136,11 @@ class Settings:
     keep_alive: str = "5m"
     max_loaded: int = 1
     standby: bool = True
+    response_cache: bool = True
+    response_cache_ttl: float = 3600.0
+    response_cache_mb: int = 256
+    prefix_cache_mb: int = 2048
+    prefix_min_tokens: int = 256
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:

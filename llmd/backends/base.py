@@ -120,6 +120,10 @@ class EngineConfig:
     chunk: int
     threads: int = 0
     gpu_layers: int = 0
+    model_digest: str = ""
+    prefix_dir: str = ""  # on-disk prefix KV cache folder; "" turns it off
+    prefix_max_bytes: int = 0
+    prefix_min_tokens: int = 256
 
 
 @runtime_checkable

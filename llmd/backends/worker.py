@@ -42,7 +42,7 @@ def engine_class(backend: str) -> Any:
     return getattr(module, cls_name)
 
 
-def worker_main(conn: Any, backend: str, cfg: EngineConfig | None) -> None:
+def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any = None) -> None:
     """Entry point of the worker process. With cfg None it is a standby: it imports the engine
     (llama_cpp and its shared library) now and waits for the EngineConfig of the next load, so a
     model switch does not pay for interpreter start and imports."""
@@ -67,9 +67,13 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None) -> None:
         conn.send(Loaded({}, EngineError(f"{backend} could not load {cfg.model_name}: {e}").to_wire()))
         return
     conn.send(Loaded(engine.info()))
+    if urgent is not None:  # set by the daemon with each new request: idle work yields to it at once
+        engine.interrupt = urgent.is_set
     try:
         while True:
             timeout = 0.0 if engine.has_work() else None
+            if urgent is not None:
+                urgent.clear()
             while conn.poll(timeout):
                 msg = conn.recv()
                 if isinstance(msg, GenerationRequest):
@@ -108,8 +112,9 @@ class WorkerHandle:
         self.alive = True
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        self._urgent = ctx.Event()
         label = cfg.model_name if cfg else "standby"
-        self.process = ctx.Process(target=worker_main, args=(child, backend, cfg), daemon=True,
+        self.process = ctx.Process(target=worker_main, args=(child, backend, cfg, self._urgent), daemon=True,
                                    name=f"llmd-worker-{label}")
         self.process.start()
         child.close()
@@ -141,6 +146,7 @@ class WorkerHandle:
                 raise EngineCrashed(f"the worker for {self.cfg.model_name} has exited; retry the request")
             self._queues[req.id] = queue
             self._conn.send(req)
+            self._urgent.set()
         return queue
 
     def cancel(self, request_id: str) -> None:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from llmd.config import Settings
+from llmd.daemon.response_cache import ResponseCache
 from llmd.daemon.routes import control, ollama, openai
 from llmd.daemon.scheduler import Scheduler
 from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_token
@@ -38,6 +39,10 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         registry = Registry(settings.paths.registry_db, settings.paths.models_dir)
         registry.sync_packaged()
         app.state.token = load_or_create_token(settings.paths.config)
+        app.state.response_cache = (
+            ResponseCache(settings.paths.responses_db, settings.response_cache_ttl,
+                          settings.response_cache_mb * 1024 * 1024)
+            if settings.response_cache else None)
         sched = scheduler or Scheduler(settings, registry)
         app.state.settings = settings
         app.state.registry = registry

@@ -71,7 +71,9 @@ class Scheduler:
         # refuse before anything is allocated; other loaded models count as used memory already
         estimate = check_fit(name, read_gguf(row["path"]), s.ctx, s.slots)
         cfg = EngineConfig(model_path=row["path"], model_name=name, n_ctx=s.ctx, n_slots=s.slots,
-                           chunk=s.chunk, threads=s.threads, gpu_layers=s.gpu_layers)
+                           chunk=s.chunk, threads=s.threads, gpu_layers=s.gpu_layers, model_digest=row["digest"],
+                           prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
+                           prefix_min_tokens=s.prefix_min_tokens)
         worker = self._take_standby(cfg)
         try:
             await worker.wait_loaded()

@@ -24,7 +24,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def daemon8(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("batch") / "home", env={"LLMD_SLOTS": "8", "LLMD_CTX": "2560"}).start()
+    d = Daemon(tmp_path_factory.mktemp("batch") / "home", env={"LLMD_SLOTS": "8", "LLMD_CTX": "2560",
+                                                                "LLMD_RESPONSE_CACHE": "0"}).start()
     yield d
     d.stop()
 
@@ -93,7 +94,7 @@ def test_running_streams_keep_flowing_during_a_long_prefill(daemon8: Daemon):
 
 
 def test_queue_full_is_503_with_retry_after(tmp_path: Path):
-    d = Daemon(tmp_path / "q", env={"LLMD_SLOTS": "1", "LLMD_MAX_QUEUE": "1"}).start()
+    d = Daemon(tmp_path / "q", env={"LLMD_SLOTS": "1", "LLMD_MAX_QUEUE": "1", "LLMD_RESPONSE_CACHE": "0"}).start()
     try:
         body = {"messages": [{"role": "user", "content": "Write a long essay about the sea."}], "max_tokens": 300,
                 "temperature": 0}

@@ -28,7 +28,8 @@ SYSTEM = (
 
 
 def chat(http: httpx.Client, messages: list[dict], **kw) -> dict:
-    r = http.post("/v1/chat/completions", json={"messages": messages, "temperature": 0, "max_tokens": 48, **kw})
+    r = http.post("/v1/chat/completions", json={"messages": messages, "temperature": 0, "max_tokens": 48, **kw},
+                  headers={"Cache-Control": "no-store"})  # test the engine, not the response cache
     assert r.status_code == 200, r.text
     return r.json()
 

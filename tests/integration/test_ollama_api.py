@@ -40,8 +40,8 @@ def test_chat_non_streaming(http: httpx.Client):
 def test_generate_with_stop_and_seed(http: httpx.Client):
     req = {"model": MODEL, "prompt": "Name three fruits.", "stream": False,
            "options": {"temperature": 0.9, "seed": 7, "num_predict": 20}}
-    a = http.post("/api/generate", json=req).json()
-    b = http.post("/api/generate", json=req).json()
+    a = http.post("/api/generate", json=req, headers={"Cache-Control": "no-store"}).json()
+    b = http.post("/api/generate", json=req, headers={"Cache-Control": "no-store"}).json()
     assert a["response"] == b["response"] and a["response"]
     word = a["response"].split()[1] if len(a["response"].split()) > 1 else a["response"][:2]
     c = http.post("/api/generate", json={**req, "options": {**req["options"], "stop": [word]}}).json()

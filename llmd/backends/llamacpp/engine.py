@@ -14,6 +14,8 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from llmd.backends.base import (
@@ -26,6 +28,7 @@ from llmd.backends.base import (
     Usage,
 )
 from llmd.backends.llamacpp.chat_template import ChatTemplate
+from llmd.backends.llamacpp.prefix_cache import PrefixStore, PrefixWriter, block_hashes, namespace
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.text import TextStream
@@ -119,6 +122,15 @@ class LlamaCppEngine:
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self._step_times: deque[float] = deque(maxlen=256)
         self.requests_done = 0
+        self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
+        self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
+        self.prefix: PrefixStore | None = None
+        self.writer: PrefixWriter | None = None
+        self.prefix_stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "saved": 0, "dropped": 0}
+        if cfg.prefix_dir and cfg.prefix_max_bytes > 0 and cfg.model_digest:
+            self.ns = namespace(cfg.model_digest, cfg.chunk)
+            self.prefix = PrefixStore(Path(cfg.prefix_dir), cfg.prefix_max_bytes)
+            self.writer = PrefixWriter(Path(cfg.prefix_dir), cfg.prefix_max_bytes)
         self._warm_up()
         self.load_s = time.perf_counter() - t0
         self.rss_load = _rss() - rss0
@@ -171,10 +183,13 @@ class LlamaCppEngine:
             "waiting": len(self.waiting),
             "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
             "requests_done": self.requests_done,
+            "prefix_cache": dict(self.prefix_stats, enabled=self.prefix is not None),
         }
 
     def close(self) -> None:
         L = self._L
+        if self.writer is not None:
+            self.writer.close()
         for slot in self.slots:
             if slot.active:
                 slot.active.sampler.close()
@@ -228,11 +243,16 @@ class LlamaCppEngine:
             if req.cache_prompt:
                 slot = max(free, key=lambda s: (s.reusable(active.prompt, self.chunk), -s.last_used))
                 reuse = slot.reusable(active.prompt, self.chunk)
+                restored = self._from_disk(active.prompt, reuse, min(free, key=lambda s: s.last_used))
+                if restored is not None:
+                    slot, reuse = restored
             else:
                 slot, reuse = min(free, key=lambda s: s.last_used), 0
             self._L.llama_memory_seq_rm(self.mem, slot.seq, reuse, -1)
             del slot.tokens[reuse:]
+            slot.tail.clear()
             slot.exact = min(slot.exact, reuse)
+            slot.saved = min(slot.saved, reuse)
             active.cached = active.pos = reuse
             slot.active = active
 
@@ -354,29 +374,106 @@ class LlamaCppEngine:
         # the sequence's KV may be partly written: forget it entirely
         self._L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
         slot.tokens.clear()
-        slot.exact = 0
+        slot.tail.clear()
+        slot.exact = slot.saved = 0
 
-    # ---- idle work: make the last reply's KV exact ----------------------------------------------
+    # ---- the disk prefix cache ------------------------------------------------------------------
+
+    def _from_disk(self, prompt: list[int], live: int, target: Slot) -> tuple[Slot, int] | None:
+        """Load the deepest stored prefix of `prompt` into `target` when it beats the live reuse."""
+        if self.prefix is None:
+            return None
+        n_blocks = (len(prompt) - 1) // self.chunk
+        if n_blocks * self.chunk <= live:
+            return None
+        match = self.prefix.lookup(block_hashes(self.ns, prompt[: n_blocks * self.chunk], self.chunk))
+        if match is None or match.depth * self.chunk <= live:
+            if match is None:
+                self.prefix_stats["misses"] += 1
+            return None
+        n = match.depth * self.chunk
+        state = self.prefix.read(match.entry, prompt[:n])
+        L = self._L
+        L.llama_memory_seq_rm(self.mem, target.seq, -1, -1)
+        target.tokens.clear()
+        target.tail.clear()
+        target.exact = target.saved = 0
+        if state is None:
+            self.prefix_stats["dropped"] += 1
+            return None
+        src = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
+        if L.llama_state_seq_set_data(self.ctx, src, len(state), target.seq) == 0:
+            log.warning("prefix cache: llama.cpp refused entry %s; dropping it", match.entry)
+            self.prefix.drop(match.entry)
+            self.prefix_stats["dropped"] += 1
+            L.llama_memory_seq_rm(self.mem, target.seq, -1, -1)
+            return None
+        L.llama_memory_seq_rm(self.mem, target.seq, n, -1)
+        target.tokens[:] = prompt[:n]
+        target.exact = target.saved = n
+        self.prefix_stats["hits"] += 1
+        self.prefix_stats["tokens_restored"] += n
+        return target, n
+
+    def _save(self, slot: Slot) -> None:
+        """Queue the slot's exact prefix for the disk cache (the writer thread does the I/O)."""
+        n = slot.exact
+        L = self._L
+        if len(slot.tokens) > n:  # drop the partial tail: it is not exact, so never reused
+            L.llama_memory_seq_rm(self.mem, slot.seq, n, -1)
+            del slot.tokens[n:]
+        slot.tail.clear()
+        slot.saved = n
+        hashes = block_hashes(self.ns, slot.tokens[:n], self.chunk)
+        assert self.prefix is not None and self.writer is not None
+        if self.prefix.has(hashes[-1]):
+            return
+        size = L.llama_state_seq_get_size(self.ctx, slot.seq)
+        buf = (ctypes.c_uint8 * size)()
+        got = L.llama_state_seq_get_data(self.ctx, buf, size, slot.seq)
+        if got:
+            self.writer.submit(self.ns, list(slot.tokens[:n]), hashes, bytes(memoryview(buf)[:got]))
+            self.prefix_stats["saved"] += 1
+
+    # ---- idle work: make the last reply's KV exact, then save it ---------------------------------
 
     def _idle_slot(self) -> Slot | None:
         if self.waiting:
             return None
         for slot in self.slots:
-            if slot.active is None and slot.exact + self.chunk <= len(slot.tokens):
+            if slot.active is None and slot.exact + self.chunk <= len(slot.tokens) + len(slot.tail):
                 return slot
+        if self.prefix is not None:
+            for slot in self.slots:
+                if slot.active is None and slot.exact >= self.cfg.prefix_min_tokens and slot.exact > slot.saved:
+                    return slot
         return None
 
     def _reprefill_chunk(self, slot: Slot) -> None:
-        """Recompute one whole chunk past `exact` as prefill would, dropping decode-time KV."""
-        start, end = slot.exact, slot.exact + self.chunk
-        chunk = slot.tokens[start:end]
-        self._L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
-        del slot.tokens[start:]
-        if not self._run(slot, chunk, start, logits_last=False):
-            self._L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
+        """Recompute one whole chunk past `exact` as prefill would, dropping decode-time KV; or,
+        when nothing is left to recompute, save the slot's exact prefix to disk. A command
+        arriving from the daemon aborts the decode, so idle work never delays a new request."""
+        if slot.exact + self.chunk > len(slot.tokens) + len(slot.tail):
+            self._save(slot)
+            return
+        start = slot.exact
+        L = self._L
+        if len(slot.tokens) > start:  # decode-time KV past `exact`: drop it, keep its tokens to redo
+            slot.tail[:0] = slot.tokens[start:]
+            del slot.tokens[start:]
+            L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
+        chunk = slot.tail[: self.chunk]
+        L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
+        try:
+            ok = self._run(slot, chunk, start, logits_last=False)
+        finally:
+            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
+        if not ok:  # aborted for a new command (or failed): the tail stays, retried when idle again
+            L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
             return
         slot.tokens.extend(chunk)
-        slot.exact = end
+        del slot.tail[: self.chunk]
+        slot.exact = start + self.chunk
 
     def _warm_up(self) -> None:
         """One throwaway decode, so buffers are touched and the first request pays no first-call costs."""

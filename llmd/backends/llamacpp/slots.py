@@ -44,6 +44,8 @@ class Slot:
     seq: int
     tokens: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds, in order
     exact: int = 0  # tokens[:exact] came from aligned prefill chunks (a multiple of the chunk)
+    saved: int = 0  # tokens[:saved] are in the disk prefix cache already
+    tail: list[int] = field(default_factory=list)  # tokens after `tokens` whose KV was dropped, to re-prefill
     active: Active | None = None
     last_used: float = field(default_factory=time.monotonic)
 

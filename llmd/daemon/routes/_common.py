@@ -3,6 +3,7 @@ field, and running a request so that errors before the first token get a proper 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
-from llmd.daemon.scheduler import Scheduler
+from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.errors import BadRequest
 
 M = TypeVar("M", bound=BaseModel)
@@ -63,8 +64,11 @@ class Run:
     first: Event
     t_start: float
     timing: dict[str, float] = field(default_factory=dict)
+    cache: str = "bypass"  # X-LLMD-Cache: hit | miss | bypass
+    cache_key: str | None = None
     text: list[str] = field(default_factory=list)
     final: FinalEvent | None = None
+    on_done: Any = None  # called once with the Run after a complete reply
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iter()
@@ -79,10 +83,16 @@ class Run:
                     self.final = ev
                 yield ev
                 if self.final is not None:
+                    if self.on_done is not None:
+                        asyncio.get_running_loop().call_soon(self.on_done, self)
                     return
                 ev = await self.events.__anext__()
         finally:
             await self.events.aclose()  # type: ignore[attr-defined]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-LLMD-Cache": self.cache}
 
     async def collect(self) -> tuple[str, FinalEvent]:
         async for _ in self:
@@ -96,10 +106,48 @@ class Run:
         return self.final.usage
 
 
-async def start_run(scheduler: Scheduler, model: str | None, req: GenerationRequest) -> Run:
-    """Submit and wait for the first event, so that errors become a 4xx/5xx before any body."""
+async def _replay(req: GenerationRequest, hit: Cached) -> AsyncIterator[Event]:
+    for piece in hit.pieces:
+        yield TokenEvent(req.id, piece, 1)
+    yield FinalEvent(req.id, hit.finish_reason, hit.usage)
+
+
+async def start_run(request: Request, model: str | None, req: GenerationRequest) -> Run:
+    """Answer from the response cache, or submit and wait for the first event, so that errors
+    become a 4xx/5xx before any body is sent."""
+    state = request.app.state
+    scheduler = state.scheduler
+    name = model or scheduler.active_model
     t_start = time.perf_counter()
+    cache = state.response_cache
+    key = None
+    status = "bypass"
+    no_store = "no-store" in request.headers.get("cache-control", "").lower()
+    if cache is not None and not no_store and cacheable(req):
+        key = cache_key(req, state.registry.get(name), "llama.cpp")
+        hit = cache.get(key)
+        if hit is not None:
+            events = _replay(req, hit)
+            return Run(req, name, events, await events.__anext__(), t_start, cache="hit")
+        status = "miss"
+    elif cache is not None:
+        cache.bypasses += 1
     timing: dict[str, float] = {}
-    events = scheduler.generate(model, req, timing)
+    events = scheduler.generate(name, req, timing)
     first = await events.__anext__()
-    return Run(req, model or scheduler.active_model, events, first, t_start, timing)
+    run = Run(req, name, events, first, t_start, timing, cache=status, cache_key=key)
+    if key is not None:
+        run.on_done = lambda r: _store(cache, r)
+    return run
+
+
+def _store(cache: Any, run: Run) -> None:
+    final = run.final
+    if final is None or final.finish_reason not in ("stop", "length") or run.cache_key is None:
+        return
+    try:
+        cache.put(run.cache_key, run.model, run.text, final.finish_reason, final.usage)
+    except Exception:  # a full disk must not break serving
+        import logging
+
+        logging.getLogger("llmd.response_cache").exception("could not store a reply")

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmd import __version__
+from llmd.backends.llamacpp.prefix_cache import PrefixStore
 from llmd.daemon.routes._common import parse_body
 from llmd.daemon.security import check_token
 from llmd.models.gguf import read_gguf
@@ -23,6 +24,12 @@ from llmd.models.memory import available_bytes, estimate
 class _ModelRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
+
+
+class _ClearCache(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    responses: bool = True
+    prefixes: bool = True
 
 
 class _AddModel(BaseModel):
@@ -117,7 +124,36 @@ async def set_active(request: Request) -> Response:
                          "switch_s": round(time.perf_counter() - t0, 3)})
 
 
+def _prefix_store(request: Request) -> PrefixStore:
+    s = request.app.state.settings
+    return PrefixStore(s.paths.prefix_dir, s.prefix_cache_mb * 1024 * 1024)
+
+
+async def cache_stats(request: Request) -> Response:
+    rc = request.app.state.response_cache
+    engines = {m["name"]: (m.get("stats") or {}).get("prefix_cache")
+               for m in (await request.app.state.scheduler.status())["loaded"]}
+    return JSONResponse({
+        "responses": rc.stats() if rc is not None else {"enabled": False},
+        "prefixes": {**_prefix_store(request).stats(), "engines": engines},
+    })
+
+
+async def cache_clear(request: Request) -> Response:
+    _authorize(request)
+    body = await parse_body(request, _ClearCache) if await request.body() else _ClearCache()
+    rc = request.app.state.response_cache
+    out = {}
+    if body.responses and rc is not None:
+        out["responses_cleared"] = rc.clear()
+    if body.prefixes:
+        out["prefixes_cleared"] = _prefix_store(request).clear()
+    return JSONResponse(out)
+
+
 routes = [
+    Route("/llmd/cache", cache_stats, methods=["GET"]),
+    Route("/llmd/cache/clear", cache_clear, methods=["POST"]),
     Route("/llmd/health", health, methods=["GET"]),
     Route("/llmd/status", status, methods=["GET"]),
     Route("/llmd/models", list_models, methods=["GET"]),

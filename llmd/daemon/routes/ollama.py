@@ -137,7 +137,7 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
 
     if not stream:
         text, _ = await run.collect()
-        return JSONResponse({**piece(text), **_final_fields(run)})
+        return JSONResponse({**piece(text), **_final_fields(run)}, headers=run.headers)
 
     async def lines() -> AsyncIterator[bytes]:
         try:
@@ -149,7 +149,7 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
             return
         yield _ndjson({**piece(""), **_final_fields(run)})
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return StreamingResponse(lines(), media_type="application/x-ndjson", headers=run.headers)
 
 
 def _keep_alive(request: Request, body: _Base) -> None:
@@ -166,7 +166,7 @@ async def chat(request: Request) -> Response:
     if not body.messages:  # Ollama loads the model and answers done
         return await _load_only(request, body, chat=True)
     req = _generation(body, messages=[{"role": m.role, "content": m.content} for m in body.messages])
-    run = await start_run(request.app.state.scheduler, body.model, req)
+    run = await start_run(request, body.model, req)
     return await _respond(run, body.stream, chat=True)
 
 
@@ -183,7 +183,7 @@ async def generate(request: Request) -> Response:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         req = _generation(body, messages=messages)
-    run = await start_run(request.app.state.scheduler, body.model, req)
+    run = await start_run(request, body.model, req)
     return await _respond(run, body.stream, chat=False)
 
 

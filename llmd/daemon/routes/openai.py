@@ -148,7 +148,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
         else:
             choice["text"] = text
         return JSONResponse({"id": rid, "object": obj, "created": created, "model": run.model,
-                             "choices": [choice], "usage": usage_json(final.usage)})
+                             "choices": [choice], "usage": usage_json(final.usage)}, headers=run.headers)
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunk_obj = "chat.completion.chunk" if chat else "text_completion"
@@ -182,7 +182,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
                         "usage": usage_json(run.final.usage)})
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={**SSE_HEADERS, **run.headers})
 
 
 # ---- handlers -----------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatBody)
     messages = [{"role": m.role, "content": text_of(m.content, f"messages[{i}]")} for i, m in enumerate(body.messages)]
     req = _generation(body, messages=messages)
-    run = await start_run(request.app.state.scheduler, body.model, req)
+    run = await start_run(request, body.model, req)
     return await _respond(run, body, chat=True)
 
 
@@ -204,7 +204,7 @@ async def completions(request: Request) -> Response:
             raise BadRequest(f"prompt is a list of {len(prompt)} strings; llmd completes one prompt per request", "prompt")
         prompt = prompt[0]
     req = _generation(body, prompt=prompt, raw=True)
-    run = await start_run(request.app.state.scheduler, body.model, req)
+    run = await start_run(request, body.model, req)
     return await _respond(run, body, chat=False)
 
 

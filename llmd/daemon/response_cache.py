@@ -1,0 +1,134 @@
+"""SQLite exact-match response cache.
+
+Only deterministic requests are cached (temperature 0, or a seed given). The key is a sha256
+over everything that changes the output: the model's content digest, the engine and its
+precision, the normalized request (messages or prompt, response format, stop) and every
+sampling field. A hit replays the stored text pieces, finish reason and usage, so a client sees
+the same shape as on the miss that stored it. TTL and a size bound with least-recently-used
+eviction keep it small.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from llmd.backends.base import GenerationRequest, Usage
+from llmd.db import open_db
+
+log = logging.getLogger("llmd.response_cache")
+
+
+def _m001_responses(db: sqlite_utils.Database) -> None:
+    db["responses"].create(
+        {"key": str, "model": str, "pieces": str, "finish_reason": str, "usage": str, "size": int,
+         "created_at": float, "last_used": float, "hits": int},
+        pk="key",
+    )
+    db["responses"].create_index(["last_used"])
+
+
+MIGRATIONS = [("001_responses", _m001_responses)]
+
+
+@dataclass(frozen=True)
+class Cached:
+    pieces: list[str]
+    finish_reason: str
+    usage: Usage
+
+
+def cacheable(req: GenerationRequest) -> bool:
+    return req.sampling.greedy or req.sampling.seed is not None
+
+
+def cache_key(req: GenerationRequest, model: dict[str, Any], engine: str) -> str:
+    """Every field that can change the reply, and nothing that cannot (the request id, cache_prompt)."""
+    what = {
+        "v": 1,
+        "model_digest": model["digest"],
+        "engine": engine,
+        "precision": model.get("quantization"),
+        "messages": req.messages,
+        "prompt": req.prompt,
+        "raw": req.raw,
+        "max_tokens": req.max_tokens,
+        "sampling": dataclasses.asdict(req.sampling),
+        "stop": list(req.stop),
+        "response_format": req.response_format,
+        "ctx_limit": req.ctx_limit,
+    }
+    blob = json.dumps(what, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class ResponseCache:
+    def __init__(self, path: Path, ttl_s: float = 3600.0, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.db = open_db(path, MIGRATIONS)
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self.hits = 0
+        self.misses = 0
+        self.bypasses = 0
+
+    def get(self, key: str) -> Cached | None:
+        rows = list(self.db.query("select * from responses where key = ?", [key]))
+        now = time.time()
+        if not rows:
+            self.misses += 1
+            return None
+        row = rows[0]
+        if row["created_at"] + self.ttl_s < now:
+            self.db.execute("delete from responses where key = ?", [key])
+            self.db.conn.commit()
+            self.misses += 1
+            return None
+        self.db.execute("update responses set last_used = ?, hits = hits + 1 where key = ?", [now, key])
+        self.db.conn.commit()
+        self.hits += 1
+        return Cached(json.loads(row["pieces"]), row["finish_reason"], Usage(**json.loads(row["usage"])))
+
+    def put(self, key: str, model: str, pieces: list[str], finish_reason: str, usage: Usage) -> None:
+        body = json.dumps(pieces, ensure_ascii=False)
+        usage_json = json.dumps(dataclasses.asdict(usage))
+        size = len(body.encode()) + len(usage_json) + 128
+        now = time.time()
+        self.db["responses"].upsert({"key": key, "model": model, "pieces": body, "finish_reason": finish_reason,
+                                     "usage": usage_json, "size": size, "created_at": now, "last_used": now,
+                                     "hits": 0}, pk="key")
+        self._evict()
+
+    def _evict(self) -> None:
+        total = self.db.execute("select coalesce(sum(size), 0) from responses").fetchone()[0]
+        if total <= self.max_bytes:
+            return
+        excess = total - self.max_bytes
+        freed = 0
+        doomed = []
+        for key, size in self.db.execute("select key, size from responses order by last_used"):
+            doomed.append(key)
+            freed += size
+            if freed >= excess:
+                break
+        with self.db.conn:
+            self.db.conn.executemany("delete from responses where key = ?", [(k,) for k in doomed])
+        log.info("response cache: evicted %d entries (%d bytes) to stay under %d", len(doomed), freed, self.max_bytes)
+
+    def stats(self) -> dict[str, Any]:
+        entries, size = self.db.execute("select count(*), coalesce(sum(size), 0) from responses").fetchone()
+        return {"entries": entries, "bytes": size, "max_bytes": self.max_bytes, "ttl_s": self.ttl_s,
+                "hits": self.hits, "misses": self.misses, "bypasses": self.bypasses}
+
+    def clear(self) -> int:
+        n = self.db.execute("select count(*) from responses").fetchone()[0]
+        with self.db.conn:
+            self.db.conn.execute("delete from responses")
+        return n

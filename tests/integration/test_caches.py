@@ -1,0 +1,203 @@
+"""Response cache and on-disk prefix KV cache, against real daemons (restarts included)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Daemon
+from test_engine import SYSTEM
+
+pytestmark = pytest.mark.integration
+NO_STORE = {"Cache-Control": "no-store"}
+ENV1 = {"LLMD_SLOTS": "1", "LLMD_PREFIX_MIN_TOKENS": "128"}
+
+
+def chat(d: Daemon, messages: list[dict], headers: dict | None = None, **kw) -> httpx.Response:
+    body = {"messages": messages, "temperature": 0, "max_tokens": 40, **kw}
+    r = httpx.post(d.url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def sse(d: Daemon, body: dict) -> tuple[str, list[str]]:
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        return r.headers["X-LLMD-Cache"], [line for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def token(d: Daemon) -> dict[str, str]:
+    return {"Authorization": "Bearer " + (d.home / "config" / "token").read_text().strip()}
+
+
+def cached_tokens(r: httpx.Response) -> int:
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.fixture
+def d(tmp_path: Path) -> Iterator[Daemon]:
+    daemon = Daemon(tmp_path / "home", env={"LLMD_SLOTS": "2", "LLMD_CTX": "2048"}).start()
+    yield daemon
+    daemon.stop()
+
+
+def long_chat(question: str, variant: str = "") -> list[dict]:
+    return [{"role": "system", "content": SYSTEM + variant}, {"role": "user", "content": question}]
+
+
+def test_response_cache_hit_is_identical_in_both_apis(d: Daemon):
+    msgs = [{"role": "user", "content": "Name a color."}]
+    miss = chat(d, msgs)
+    hit = chat(d, msgs)
+    assert (miss.headers["X-LLMD-Cache"], hit.headers["X-LLMD-Cache"]) == ("miss", "hit")
+    a, b = miss.json(), hit.json()
+    assert a["choices"] == b["choices"] and a["usage"] == b["usage"]
+    body = {"messages": [{"role": "user", "content": "Name a fruit."}], "temperature": 0, "max_tokens": 20,
+            "stream_options": {"include_usage": True}}
+    s1, ev1 = sse(d, body)
+    s2, ev2 = sse(d, body)
+    strip = [json.dumps({k: v for k, v in json.loads(e[6:]).items() if k not in ("id", "created")})
+             if e != "data: [DONE]" else e for e in ev1]
+    strip2 = [json.dumps({k: v for k, v in json.loads(e[6:]).items() if k not in ("id", "created")})
+              if e != "data: [DONE]" else e for e in ev2]
+    assert (s1, s2) == ("miss", "hit") and strip == strip2
+    ol = {"model": "smollm2-135m", "prompt": "Name a tree.", "options": {"temperature": 0, "num_predict": 15}}
+    lines = []
+    for _ in range(2):
+        with httpx.stream("POST", d.url + "/api/generate", json=ol, timeout=300) as r:
+            lines.append((r.headers["X-LLMD-Cache"], [json.loads(x) for x in r.iter_lines() if x]))
+    (c1, l1), (c2, l2) = lines
+    assert (c1, c2) == ("miss", "hit")
+    assert "".join(x["response"] for x in l1) == "".join(x["response"] for x in l2)
+    assert l1[-1]["eval_count"] == l2[-1]["eval_count"] and l2[-1]["done_reason"] == l1[-1]["done_reason"]
+    r = httpx.post(d.url + "/api/generate", json={**ol, "stream": False}, timeout=60)
+    assert r.headers["X-LLMD-Cache"] == "hit" and r.json()["response"] == "".join(x["response"] for x in l1)
+
+
+def test_what_is_and_is_not_cached(d: Daemon):
+    msgs = [{"role": "user", "content": "Say a word."}]
+    assert chat(d, msgs, temperature=0.7).headers["X-LLMD-Cache"] == "bypass"
+    assert chat(d, msgs, temperature=0.7).headers["X-LLMD-Cache"] == "bypass"
+    assert chat(d, msgs, temperature=0.7, seed=3).headers["X-LLMD-Cache"] == "miss"
+    assert chat(d, msgs, temperature=0.7, seed=3).headers["X-LLMD-Cache"] == "hit"
+    assert chat(d, msgs, headers=NO_STORE).headers["X-LLMD-Cache"] == "bypass"
+    assert chat(d, msgs).headers["X-LLMD-Cache"] == "miss"  # no-store stored nothing
+    for change in ({"seed": 4}, {"top_p": 0.5}, {"top_k": 5}, {"min_p": 0.1}, {"max_tokens": 39}, {"stop": ["x"]},
+                   {"presence_penalty": 0.5}, {"frequency_penalty": 0.5},
+                   {"response_format": {"type": "json_object"}}):
+        assert chat(d, msgs, **change).headers["X-LLMD-Cache"] == "miss", change
+    st = httpx.get(d.url + "/llmd/cache").json()["responses"]
+    assert st["hits"] == 1 and st["entries"] >= 11
+
+
+def test_both_caches_survive_a_restart_and_restored_prefix_keeps_the_answer(tmp_path: Path):
+    home = tmp_path / "home"
+    d = Daemon(home, env=ENV1).start()
+    try:
+        plain = chat(d, long_chat("Who saved the sailors in 1893?"), headers=NO_STORE, cache_prompt=False).json()
+        first = chat(d, long_chat("Who saved the sailors in 1893?"))
+        assert first.headers["X-LLMD-Cache"] == "miss"
+        import time
+
+        deadline = time.monotonic() + 30
+        while httpx.get(d.url + "/llmd/cache").json()["prefixes"]["entries"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        d.stop()
+    d = Daemon(home, env=ENV1, port=d.port).start()
+    try:
+        again = chat(d, long_chat("Who saved the sailors in 1893?"))
+        assert again.headers["X-LLMD-Cache"] == "hit" and again.json()["choices"] == first.json()["choices"]
+        other = chat(d, long_chat("Who saved the sailors in 1893?"), headers=NO_STORE)
+        assert cached_tokens(other) >= 192
+        assert other.json()["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+        new_q = chat(d, long_chat("When was the lens replaced?"), headers=NO_STORE)
+        assert cached_tokens(new_q) >= 192
+        engines = httpx.get(d.url + "/llmd/cache").json()["prefixes"]["engines"]
+        assert engines["smollm2-135m"]["hits"] >= 1 and engines["smollm2-135m"]["tokens_restored"] >= 192
+    finally:
+        d.stop()
+
+
+def test_prefix_survives_a_switch_to_gemma_and_back(d: Daemon):
+    chat(d, long_chat("What happened in 1907?"), headers=NO_STORE)
+    import time
+
+    time.sleep(3)  # idle: reply re-prefilled and saved
+    httpx.post(d.url + "/llmd/models/active", json={"model": "gemma3-270m"}, headers=token(d), timeout=120)
+    assert chat(d, [{"role": "user", "content": "Hi"}], max_tokens=3).json()["model"] == "gemma3-270m"
+    httpx.post(d.url + "/llmd/models/active", json={"model": "smollm2-135m"}, headers=token(d), timeout=120)
+    r = chat(d, long_chat("Who lit the first lamp?"), headers=NO_STORE)
+    assert cached_tokens(r) >= 192
+
+
+def _entry_files(d: Daemon) -> list[Path]:
+    return sorted((d.home / "cache" / "prefix").glob("*.kv"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_a_damaged_prefix_entry_is_ignored_and_dropped(tmp_path: Path, damage: str):
+    home = tmp_path / "home"
+    d = Daemon(home, env=ENV1).start()
+    try:
+        want = chat(d, long_chat("Who saved the sailors?", " Be brief."), headers=NO_STORE).json()
+        import time
+
+        deadline = time.monotonic() + 30
+        while not _entry_files(d) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        [f] = _entry_files(d)
+    finally:
+        d.stop()
+    data = bytearray(f.read_bytes())
+    if damage == "flip":
+        for i in range(len(data) - 5000, len(data) - 4000):
+            data[i] ^= 0xFF
+        f.write_bytes(bytes(data))
+    elif damage == "truncate":
+        f.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        f.unlink()
+    d = Daemon(home, env=ENV1, port=d.port).start()
+    try:
+        got = chat(d, long_chat("Who saved the sailors?", " Be brief."), headers=NO_STORE).json()
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        db = sqlite3.connect(home / "cache" / "prefix" / "index.db")
+        stale = db.execute("select count(*) from entries where id = ?", [f.stem]).fetchone()[0]
+        db.close()
+        assert stale == 0 or (f.exists() and damage == "delete")  # the damaged entry is gone from the index
+    finally:
+        d.stop()
+
+
+def test_concurrent_writers_and_size_bounds(tmp_path: Path):
+    d = Daemon(tmp_path / "home", env={"LLMD_SLOTS": "2", "LLMD_PREFIX_CACHE_MB": "8",
+                                       "LLMD_PREFIX_MIN_TOKENS": "128"}).start()
+    try:
+        def ask(i: int) -> httpx.Response:
+            return chat(d, long_chat(f"Question {i}: who was keeper number {i}?", f" Visitor {i} is here."),
+                        max_tokens=8)
+        with cf.ThreadPoolExecutor(2) as pool:
+            list(pool.map(ask, range(6)))
+        import time
+
+        time.sleep(4)
+        st = httpx.get(d.url + "/llmd/cache").json()
+        assert st["prefixes"]["bytes"] <= 8 * 1024 * 1024, st
+        assert st["prefixes"]["entries"] >= 1
+        db = sqlite3.connect(d.home / "cache" / "prefix" / "index.db")
+        ids = {r[0] for r in db.execute("select id from entries")}
+        orphans = db.execute("select count(*) from blocks where entry not in (select id from entries)").fetchone()[0]
+        db.close()
+        assert orphans == 0 and ids == {f.stem for f in _entry_files(d)}
+        r = httpx.post(d.url + "/llmd/cache/clear", json={"responses": True, "prefixes": True}, headers=token(d))
+        assert r.status_code == 200 and r.json()["prefixes_cleared"] >= 1
+        assert httpx.post(d.url + "/llmd/cache/clear").status_code == 401
+        assert httpx.get(d.url + "/llmd/cache").json()["prefixes"]["entries"] == 0
+    finally:
+        d.stop()
