@@ -137,6 +137,16 @@ def cmd_status(args: argparse.Namespace) -> int:
                       str(m.get("n_ctx")), str(st.get("step_ms_p50")),
                       "never" if exp is None else f"in {max(0, exp - time.time()):.0f}s")
     console.print(table if status["loaded"] else "no model loaded")
+    if args.verbose:
+        for m in status["loaded"]:
+            prof = (m.get("stats") or {}).get("profile") or {}
+            if not prof.get("enabled"):
+                console.print(f"{m['name']}: profiling is off (start the daemon with LLMD_PROFILE=1)")
+                continue
+            console.print(f"{m['name']}: per-step timing")
+            for name, p in prof.items():
+                if name != "enabled":
+                    console.print(f"  {name:12} {p['count']:8d} x {p['mean_ms']:8.3f} ms = {p['total_s']:.2f} s")
     return 0
 
 
@@ -237,6 +247,28 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from llmd.bench import render, run_bench
+
+    settings = _settings(args)
+    if args.json:
+        report = asyncio.run(run_bench(settings.base_url, args.concurrency, args.requests, args.duration, args.mix,
+                                       args.max_tokens, args.model))
+        return _print_json(report)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn()) as bar:
+        task = bar.add_task(f"bench {args.mix}", total=args.requests)
+        report = asyncio.run(run_bench(settings.base_url, args.concurrency, args.requests, args.duration, args.mix,
+                                       args.max_tokens, args.model,
+                                       progress=lambda done, total: bar.update(task, completed=done)))
+    print(render(report))
+    return 0 if report["errors"] == 0 else 1
+
+
 # ---- generation -------------------------------------------------------------------------------
 
 
@@ -309,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=30.0)
     s = cmd("status", cmd_status, "daemon, loaded models, slots, backend and why")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--verbose", "-v", action="store_true", help="also per-step engine timing (LLMD_PROFILE=1)")
     s = cmd("ps", cmd_ps, "loaded models")
     s.add_argument("--json", action="store_true")
     s = cmd("models", cmd_models, "list, show, add or remove models")
@@ -320,6 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", nargs="?", choices=["stats", "clear"], default="stats")
     s.add_argument("--responses", action="store_true", help="clear only the response cache")
     s.add_argument("--prefixes", action="store_true", help="clear only the prefix KV cache")
+    s.add_argument("--json", action="store_true")
+    s = cmd("bench", cmd_bench, "load the daemon and report TTFT, inter-token latency, tokens/s, cache figures")
+    s.add_argument("--concurrency", type=int, default=4)
+    s.add_argument("--requests", type=int, help="stop after this many requests (default 20 unless --duration)")
+    s.add_argument("--duration", type=float, help="stop after this many seconds")
+    s.add_argument("--mix", choices=["chat", "long", "shared-prefix", "repeat"], default="chat")
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--model")
     s.add_argument("--json", action="store_true")
     s = cmd("use", cmd_use, "switch the active model (loads it, retires the other)")
     s.add_argument("name")
@@ -339,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     from llmd.errors import LlmdError
 
     args = build_parser().parse_args(argv)
+    if args.command == "bench" and args.requests is None and args.duration is None:
+        args.requests = 20
     try:
         return int(args.fn(args))
     except (DaemonNotRunning, DaemonError, LlmdError, ValueError) as e:

@@ -50,6 +50,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("response_cache_mb", int, 256, "size bound of the response cache, MiB (least recently used go first)"),
     Setting("prefix_cache_mb", int, 2048, "size bound of the on-disk prompt-prefix KV cache, MiB (0 turns it off)"),
     Setting("prefix_min_tokens", int, 256, "save a prompt's KV to disk when it has at least this many tokens"),
+    Setting("profile", bool, False, "record per-step engine timing, shown by /llmd/status and `llmd status --verbose`"),
     Setting("standby", bool, True, "keep one worker process started ahead, so loads and switches skip its start"),
 )
 
@@ -136,6 +137,7 @@ class Settings:
     keep_alive: str = "5m"
     max_loaded: int = 1
     standby: bool = True
+    profile: bool = False
     response_cache: bool = True
     response_cache_ttl: float = 3600.0
     response_cache_mb: int = 256

@@ -60,6 +60,7 @@ class Usage:
     decode_s: float
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    queue_s: float = 0.0  # received by the engine -> admitted into a slot
 
     @property
     def decode_tps(self) -> float:
@@ -124,6 +125,7 @@ class EngineConfig:
     prefix_dir: str = ""  # on-disk prefix KV cache folder; "" turns it off
     prefix_max_bytes: int = 0
     prefix_min_tokens: int = 256
+    profile: bool = False
 
 
 @runtime_checkable

@@ -87,7 +87,8 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
                 timeout = 0.0
             events = engine.step()
             if events:
-                conn.send(events)
+                with engine.profiler.span("ipc"):
+                    conn.send(events)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return
     finally:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from llmd.config import Settings
+from llmd.daemon.metrics import Metrics
 from llmd.daemon.response_cache import ResponseCache
 from llmd.daemon.routes import control, ollama, openai
 from llmd.daemon.scheduler import Scheduler
@@ -48,6 +49,8 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         app.state.registry = registry
         app.state.scheduler = sched
         app.state.started = time.time()
+        app.state.metrics = Metrics()
+        sampler = asyncio.ensure_future(app.state.metrics.run_sampler(sched.status))
         preload = None
         if settings.preload:
             preload = asyncio.ensure_future(sched.worker_for(settings.model))
@@ -55,6 +58,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         try:
             yield {}
         finally:
+            sampler.cancel()
             if preload is not None:
                 preload.cancel()
             await sched.close()

@@ -73,7 +73,7 @@ class Scheduler:
         cfg = EngineConfig(model_path=row["path"], model_name=name, n_ctx=s.ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=s.threads, gpu_layers=s.gpu_layers, model_digest=row["digest"],
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
-                           prefix_min_tokens=s.prefix_min_tokens)
+                           prefix_min_tokens=s.prefix_min_tokens, profile=s.profile)
         worker = self._take_standby(cfg)
         try:
             await worker.wait_loaded()

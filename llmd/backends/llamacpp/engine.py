@@ -32,6 +32,7 @@ from llmd.backends.llamacpp.prefix_cache import PrefixStore, PrefixWriter, block
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.text import TextStream
+from llmd.backends.profile import Profiler
 from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
 
 log = logging.getLogger("llmd.engine")
@@ -122,6 +123,7 @@ class LlamaCppEngine:
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self._step_times: deque[float] = deque(maxlen=256)
         self.requests_done = 0
+        self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
         self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
         self.prefix: PrefixStore | None = None
@@ -184,6 +186,7 @@ class LlamaCppEngine:
             "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
             "requests_done": self.requests_done,
             "prefix_cache": dict(self.prefix_stats, enabled=self.prefix is not None),
+            "profile": self.profiler.summary(),
         }
 
     def close(self) -> None:
@@ -254,6 +257,7 @@ class LlamaCppEngine:
             slot.exact = min(slot.exact, reuse)
             slot.saved = min(slot.saved, reuse)
             active.cached = active.pos = reuse
+            active.t_admitted = time.perf_counter()
             slot.active = active
 
     def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
@@ -290,7 +294,9 @@ class LlamaCppEngine:
         start = a.pos
         end = min(len(a.prompt), (start // self.chunk + 1) * self.chunk)
         last = end == len(a.prompt)
-        if not self._run(slot, a.prompt[start:end], start, logits_last=last):
+        with self.profiler.span("prefill"):
+            ok = self._run(slot, a.prompt[start:end], start, logits_last=last)
+        if not ok:
             self._fail(slot, events, "llama_decode failed during prefill")
             return
         slot.tokens.extend(a.prompt[start:end])
@@ -303,12 +309,15 @@ class LlamaCppEngine:
 
     def _decode(self, slots: list[Slot], events: list[Event]) -> None:
         b = self.batch
-        for i, slot in enumerate(slots):
-            a = slot.active
-            assert a is not None and a.pending is not None
-            self._put(i, a.pending, len(slot.tokens), slot.seq, True)
-        b.n_tokens = len(slots)
-        rc = self._L.llama_decode(self.ctx, b)
+        prof = self.profiler
+        with prof.span("batch_build"):
+            for i, slot in enumerate(slots):
+                a = slot.active
+                assert a is not None and a.pending is not None
+                self._put(i, a.pending, len(slot.tokens), slot.seq, True)
+            b.n_tokens = len(slots)
+        with prof.span("decode"):
+            rc = self._L.llama_decode(self.ctx, b)
         if rc != 0:
             for slot in slots:
                 self._fail(slot, events, f"llama_decode returned {rc} while decoding")
@@ -323,7 +332,8 @@ class LlamaCppEngine:
     def _sample(self, slot: Slot, row: int, events: list[Event]) -> None:
         a = slot.active
         assert a is not None
-        token = a.sampler.sample(self.ctx, row)
+        with self.profiler.span("sample"):
+            token = a.sampler.sample(self.ctx, row)
         now = time.perf_counter()
         if a.n_gen == 0:
             a.t_first = now
@@ -333,7 +343,8 @@ class LlamaCppEngine:
             a.n_gen -= 1  # the end-of-generation token is not part of the reply
             self._finish(slot, "stop", events)
             return
-        text, stopped = a.text.push(self._piece(token))
+        with self.profiler.span("detokenize"):
+            text, stopped = a.text.push(self._piece(token))
         if text:
             events.append(TokenEvent(a.req.id, text, 1))
         if stopped:
@@ -358,6 +369,7 @@ class LlamaCppEngine:
             ttft_s=(a.t_first - a.t_received) if a.t_first else 0.0,
             prefill_s=(a.t_prefill_done - a.t_received) if a.t_prefill_done else 0.0,
             decode_s=(t_end - a.t_first) if a.t_first else 0.0,
+            queue_s=(a.t_admitted - a.t_received) if a.t_admitted else 0.0,
         )
         events.append(FinalEvent(a.req.id, reason, usage))
         a.sampler.close()

@@ -26,6 +26,7 @@ class Active:
     text: TextStream
     t_received: float
     cached: int = 0
+    t_admitted: float = 0.0
     pos: int = 0  # next prompt index to prefill
     pending: int | None = None  # sampled token not yet decoded into the KV
     n_gen: int = 0

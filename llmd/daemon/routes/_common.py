@@ -14,7 +14,7 @@ from starlette.requests import Request
 
 from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
-from llmd.errors import BadRequest
+from llmd.errors import BadRequest, LlmdError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -69,26 +69,47 @@ class Run:
     text: list[str] = field(default_factory=list)
     final: FinalEvent | None = None
     on_done: Any = None  # called once with the Run after a complete reply
+    api: str = "openai"
+    metrics: Any = None
+    t_first: float | None = None
+    gaps: list[float] = field(default_factory=list)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iter()
 
     async def _iter(self) -> AsyncIterator[Event]:
+        outcome = "cancelled"
+        last = 0.0
         try:
             ev: Event | None = self.first
             while ev is not None:
                 if isinstance(ev, TokenEvent):
+                    now = time.perf_counter()
+                    if self.t_first is None:
+                        self.t_first = now
+                    elif ev.text:
+                        self.gaps.append(now - last)
+                    last = now
                     self.text.append(ev.text)
                 elif isinstance(ev, FinalEvent):
                     self.final = ev
                 yield ev
                 if self.final is not None:
+                    outcome = "ok"
                     if self.on_done is not None:
                         asyncio.get_running_loop().call_soon(self.on_done, self)
                     return
                 ev = await self.events.__anext__()
+        except Exception:
+            outcome = "error"
+            raise
         finally:
             await self.events.aclose()  # type: ignore[attr-defined]
+            if self.metrics is not None:
+                end = time.perf_counter()
+                ttft = self.t_first - self.t_start if self.t_first is not None else None
+                self.metrics.observe(self.model, self.api, outcome, ttft, self.gaps, end - self.t_start,
+                                     self.final.usage if self.final else None, self.cache)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -112,7 +133,20 @@ async def _replay(req: GenerationRequest, hit: Cached) -> AsyncIterator[Event]:
     yield FinalEvent(req.id, hit.finish_reason, hit.usage)
 
 
-async def start_run(request: Request, model: str | None, req: GenerationRequest) -> Run:
+async def start_run(request: Request, model: str | None, req: GenerationRequest, api: str) -> Run:
+    try:
+        run = await _start(request, model, req)
+    except LlmdError as e:
+        outcome = "rejected" if e.status < 500 else "error"
+        request.app.state.metrics.requests.labels(model or request.app.state.scheduler.active_model,
+                                                  "llama.cpp", api, outcome).inc()
+        raise
+    run.api = api
+    run.metrics = request.app.state.metrics
+    return run
+
+
+async def _start(request: Request, model: str | None, req: GenerationRequest) -> Run:
     """Answer from the response cache, or submit and wait for the first event, so that errors
     become a 4xx/5xx before any body is sent."""
     state = request.app.state

@@ -151,7 +151,29 @@ async def cache_clear(request: Request) -> Response:
     return JSONResponse(out)
 
 
+async def metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    m = request.app.state.metrics
+    m.set_snapshot(await request.app.state.scheduler.status())
+    return Response(m.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def history(request: Request) -> Response:
+    return JSONResponse({"points": list(request.app.state.metrics.history)})
+
+
+async def dashboard(request: Request) -> Response:
+    from importlib.resources import files
+
+    page = files("llmd.daemon").joinpath("static/dashboard.html").read_bytes()
+    return Response(page, media_type="text/html; charset=utf-8")
+
+
 routes = [
+    Route("/", dashboard, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/llmd/history", history, methods=["GET"]),
     Route("/llmd/cache", cache_stats, methods=["GET"]),
     Route("/llmd/cache/clear", cache_clear, methods=["POST"]),
     Route("/llmd/health", health, methods=["GET"]),

@@ -166,7 +166,7 @@ async def chat(request: Request) -> Response:
     if not body.messages:  # Ollama loads the model and answers done
         return await _load_only(request, body, chat=True)
     req = _generation(body, messages=[{"role": m.role, "content": m.content} for m in body.messages])
-    run = await start_run(request, body.model, req)
+    run = await start_run(request, body.model, req, "ollama")
     return await _respond(run, body.stream, chat=True)
 
 
@@ -183,7 +183,7 @@ async def generate(request: Request) -> Response:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         req = _generation(body, messages=messages)
-    run = await start_run(request, body.model, req)
+    run = await start_run(request, body.model, req, "ollama")
     return await _respond(run, body.stream, chat=False)
 
 

@@ -192,7 +192,7 @@ async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatBody)
     messages = [{"role": m.role, "content": text_of(m.content, f"messages[{i}]")} for i, m in enumerate(body.messages)]
     req = _generation(body, messages=messages)
-    run = await start_run(request, body.model, req)
+    run = await start_run(request, body.model, req, "openai")
     return await _respond(run, body, chat=True)
 
 
@@ -204,7 +204,7 @@ async def completions(request: Request) -> Response:
             raise BadRequest(f"prompt is a list of {len(prompt)} strings; llmd completes one prompt per request", "prompt")
         prompt = prompt[0]
     req = _generation(body, prompt=prompt, raw=True)
-    run = await start_run(request, body.model, req)
+    run = await start_run(request, body.model, req, "openai")
     return await _respond(run, body, chat=False)
 
 
