@@ -41,7 +41,7 @@ def _mib(n: int | None) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     from llmd.daemon.server import serve
 
-    settings = _settings(args, model=args.model, ctx=args.ctx, slots=args.slots)
+    settings = _settings(args, model=args.model, ctx=args.ctx, slots=args.slots, backend=args.backend)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     serve(settings)
     return 0
@@ -111,6 +111,49 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 # ---- status -----------------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Runs here, without the daemon: the same probe and choice the daemon makes."""
+    from llmd.backends.select import choose, formats_of, probe
+    from llmd.config import SETTINGS
+    from llmd.models.registry import Registry
+
+    settings = _settings(args)
+    settings.paths.ensure()
+    p = probe()
+    registry = Registry(settings.paths.registry_db, settings.paths.models_dir)
+    registry.sync_packaged()
+    row = registry.get(settings.model)
+    override = None if settings.backend == "auto" else settings.backend
+    choice = choose(p, formats_of(row, settings.ctx, settings.slots), override)
+    if args.json:
+        return _print_json({"machine": p.as_dict(), "model": settings.model, "choice": choice.as_dict(),
+                            "settings": settings.as_dict()})
+    gib = 1024**3
+    print(f"machine:  {p.os}, {p.arch}, {p.cpu} ({p.physical_cores} cores / {p.logical_cores} threads; "
+          f"{', '.join(p.cpu_features) or 'no SIMD flags read'})")
+    print(f"memory:   {p.ram_available / gib:.1f} GiB available of {p.ram_total / gib:.1f} GiB")
+    if p.gpus:
+        for g in p.gpus:
+            print(f"gpu:      {g.name}, compute capability {g.compute_capability[0]}.{g.compute_capability[1]}, "
+                  f"{g.free_vram / gib:.1f} of {g.total_vram / gib:.1f} GiB free, driver {g.driver}")
+    else:
+        print(f"gpu:      none ({p.nvml})")
+    print(f"tensorrt_llm: {p.tensorrt_llm or 'not installed'}" + (f" ({p.tensorrt_llm_error})"
+                                                                  if p.tensorrt_llm_error else ""))
+    print(f"llama.cpp GPU offload: {'yes' if p.llama_gpu_offload else 'no (CPU build)'}")
+    print(f"\nfor {settings.model}: {choice.backend} {choice.precision}"
+          + (f", {choice.gpu_layers} layers on {choice.gpu}" if choice.gpu_layers else ""))
+    for r in choice.reasons:
+        print(f"  because {r}")
+    for option, why in choice.rejected:
+        print(f"  not {option}: {why}")
+    print("\nsettings:")
+    values = settings.as_dict()
+    for s in SETTINGS:
+        print(f"  {s.env:<24} {values[s.name]!r}")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -335,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", help="model to load at start (LLMD_MODEL)")
     s.add_argument("--ctx", type=int, help="context per slot, tokens (LLMD_CTX)")
     s.add_argument("--slots", type=int, help="concurrent sequences (LLMD_SLOTS)")
+    s.add_argument("--backend", choices=["auto", "llama.cpp", "tensorrt"], help="engine (LLMD_BACKEND)")
+    s = cmd("doctor", cmd_doctor, "probe this machine and show which backend llmd picks, and why")
+    s.add_argument("--json", action="store_true")
     s = cmd("start", cmd_start, "start the daemon in the background; returns once it answers")
     s.add_argument("--timeout", type=float, default=120.0)
     s = cmd("stop", cmd_stop, "stop the daemon")

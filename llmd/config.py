@@ -40,7 +40,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("chunk", int, 64, "prefill chunk and prefix-reuse block, in tokens (see DESIGN: Determinism)"),
     Setting("max_queue", int, 64, "requests waiting for a slot before the API answers 503"),
     Setting("max_body", int, 8 * 1024 * 1024, "largest request body accepted, in bytes"),
-    Setting("gpu_layers", int, 0, "layers to offload to a GPU when llama.cpp was built with one"),
+    Setting("backend", str, "auto", "engine: auto (probe the machine), llama.cpp or tensorrt"),
+    Setting("gpu_layers", int, -1, "llama.cpp layers on the GPU (-1: as many as the backend choice fits)"),
     Setting("preload", bool, True, "load the default model when the daemon starts"),
     Setting("allowed_origins", str, "", "comma-separated browser origins allowed besides loopback ones"),
     Setting("keep_alive", str, "5m", "unload a model idle this long (Ollama style: 30s, 5m, 1h, -1 = never)"),
@@ -131,7 +132,8 @@ class Settings:
     chunk: int = 64
     max_queue: int = 64
     max_body: int = 8 * 1024 * 1024
-    gpu_layers: int = 0
+    backend: str = "auto"
+    gpu_layers: int = -1
     preload: bool = True
     allowed_origins: str = ""
     keep_alive: str = "5m"
@@ -177,6 +179,8 @@ def load_settings(overrides: dict[str, Any] | None = None, env: dict[str, str] |
         values[k] = v
     settings = Settings(**values)
     parse_duration(settings.keep_alive)  # fail at start, not at the first unload
+    if settings.backend not in ("auto", "llama.cpp", "tensorrt"):
+        raise ValueError(f"LLMD_BACKEND={settings.backend!r}: use auto, llama.cpp or tensorrt")
     for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body", "max_loaded"):
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")

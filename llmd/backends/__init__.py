@@ -2,6 +2,7 @@
 
 ENGINES: dict[str, str] = {
     "llama.cpp": "llmd.backends.llamacpp.engine:LlamaCppEngine",
+    "tensorrt": "llmd.backends.tensorrt.engine:TensorRTEngine",
 }
 
 __all__ = ["ENGINES"]

@@ -126,6 +126,7 @@ class EngineConfig:
     prefix_max_bytes: int = 0
     prefix_min_tokens: int = 256
     profile: bool = False
+    precision: str = ""  # TensorRT: fp8 | int8 | int8-weight-only
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from llmd.backends.select import probe
 from llmd.config import Settings
 from llmd.daemon.metrics import Metrics
 from llmd.daemon.response_cache import ResponseCache
@@ -49,6 +50,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         app.state.registry = registry
         app.state.scheduler = sched
         app.state.started = time.time()
+        sched.probe = await asyncio.to_thread(probe)
         app.state.metrics = Metrics()
         sampler = asyncio.ensure_future(app.state.metrics.run_sampler(sched.status))
         preload = None

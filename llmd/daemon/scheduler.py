@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from llmd.backends.base import EngineConfig, ErrorEvent, Event, FinalEvent, GenerationRequest
+from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
 from llmd.config import Settings, parse_duration
 from llmd.errors import BadRequest, Overloaded, from_wire
@@ -41,6 +42,8 @@ class Scheduler:
         self._users: dict[str, int] = {}  # requests using each model, from before its load to their end
         self._reaper: asyncio.Task[None] | None = None
         self._standby: WorkerHandle | None = None  # a started worker waiting for its model
+        self.probe: Probe | None = None  # set by the app at start (NVML can take a moment)
+        self.choices: dict[str, Choice] = {}
         self._loads: dict[str, asyncio.Task[WorkerHandle]] = {}
         self.active_model = settings.model
         self.in_flight = 0
@@ -70,11 +73,14 @@ class Scheduler:
         s = self.settings
         # refuse before anything is allocated; other loaded models count as used memory already
         estimate = check_fit(name, read_gguf(row["path"]), s.ctx, s.slots)
+        choice = self.choice_for(name, row)
+        gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
         cfg = EngineConfig(model_path=row["path"], model_name=name, n_ctx=s.ctx, n_slots=s.slots,
-                           chunk=s.chunk, threads=s.threads, gpu_layers=s.gpu_layers, model_digest=row["digest"],
+                           chunk=s.chunk, threads=s.threads, gpu_layers=gpu_layers, model_digest=row["digest"],
+                           precision=choice.precision,
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
                            prefix_min_tokens=s.prefix_min_tokens, profile=s.profile)
-        worker = self._take_standby(cfg)
+        worker = self._take_standby(cfg, choice.backend)
         try:
             await worker.wait_loaded()
         except BaseException:
@@ -90,18 +96,34 @@ class Scheduler:
         self._ensure_reaper()
         return worker
 
-    def _take_standby(self, cfg: EngineConfig) -> WorkerHandle:
+    def choice_for(self, name: str, row: dict[str, Any] | None = None) -> Choice:
+        """The backend for a model on this machine (probed once), with its reasons."""
+        if name not in self.choices:
+            if self.probe is None:
+                from llmd.backends.select import probe
+
+                self.probe = probe()
+            row = row or self.registry.get(name)
+            override = None if self.settings.backend == "auto" else self.settings.backend
+            self.choices[name] = choose(self.probe, formats_of(row, self.settings.ctx, self.settings.slots), override)
+            log.info("backend for %s: %s %s (%s)", name, self.choices[name].backend, self.choices[name].precision,
+                     self.choices[name].reason)
+        return self.choices[name]
+
+    def _take_standby(self, cfg: EngineConfig, backend: str) -> WorkerHandle:
         """The standby worker (interpreter and llama_cpp already loaded) if there is one, else a new
         worker; then start the next standby so the following switch is fast too."""
         loop = asyncio.get_running_loop()
         worker = self._standby
         self._standby = None
-        if worker is not None and worker.alive:
+        if worker is not None and worker.alive and worker.backend == backend:
             worker.assign(cfg)
         else:
-            worker = self._factory("llama.cpp", cfg, loop, self._on_exit)
+            if worker is not None:
+                loop.run_in_executor(None, worker.shutdown)
+            worker = self._factory(backend, cfg, loop, self._on_exit)
         if self.settings.standby:
-            self._standby = self._factory("llama.cpp", None, loop, self._on_exit)
+            self._standby = self._factory(backend, None, loop, self._on_exit)
         return worker
 
     def _on_exit(self, worker: WorkerHandle) -> None:

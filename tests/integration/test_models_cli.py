@@ -220,3 +220,26 @@ def test_port_in_use_is_reported(two: Daemon):
     env = {**two.env, "LLMD_PORT": str(two.port), "LLMD_HOME": str(two.home.parent / "other")}
     r = subprocess.run([sys.executable, "-m", "llmd", "serve"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "already running" in r.stderr and str(two.port) in r.stderr
+
+
+def test_doctor_and_status_show_the_backend_choice(two: Daemon):
+    r = llmd(two, "doctor")
+    assert r.returncode == 0, r.stderr
+    assert "llama.cpp" in r.stdout and "not tensorrt:" in r.stdout and "LLMD_BACKEND" in r.stdout
+    doc = json.loads(llmd(two, "doctor", "--json").stdout)
+    assert doc["choice"]["backend"] == "llama.cpp" and doc["machine"]["physical_cores"] >= 1
+    status = httpx.get(two.url + "/llmd/status").json()
+    assert status["backend"]["name"] == "llama.cpp" and "CPU" in status["backend"]["reason"]
+    assert any(r["option"] == "tensorrt" for r in status["backend"]["rejected"])
+    assert "backend: llama.cpp" in llmd(two, "status").stdout
+
+
+def test_tensorrt_override_without_tensorrt_llm_is_a_clear_error(tmp_path: Path):
+    d = Daemon(tmp_path / "trt", env={"LLMD_BACKEND": "tensorrt", "LLMD_PRELOAD": "0"}).start(wait_model=False)
+    try:
+        r = httpx.post(d.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                       timeout=120)
+        assert r.status_code == 500
+        assert "tensorrt_llm is not installed" in r.json()["error"]["message"]
+    finally:
+        d.stop()

@@ -155,7 +155,9 @@ class LlamaCppEngine:
             "n_slots": self.cfg.n_slots,
             "chunk": self.chunk,
             "threads": self.threads,
-            "gpu_layers": self.cfg.gpu_layers,
+            "gpu_layers": min(self.cfg.gpu_layers, int(L.llama_model_n_layer(self.model)))
+            if self._L.llama_supports_gpu_offload() else 0,
+            "n_layer": int(L.llama_model_n_layer(self.model)),
             "load_s": round(self.load_s, 3),
             "rss_load_bytes": self.rss_load,
             "chat_template": "builtin-chatml" if self.template.builtin else "gguf",

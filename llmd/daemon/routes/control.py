@@ -51,13 +51,17 @@ async def health(request: Request) -> Response:
 async def status(request: Request) -> Response:
     app = request.app
     s = app.state.settings
+    scheduler = app.state.scheduler
+    choice = scheduler.choice_for(scheduler.active_model)
     body = {
         "version": __version__,
         "pid": os.getpid(),
         "uptime_s": round(time.time() - app.state.started, 1),
         "address": s.base_url,
-        "backend": {"name": "llama.cpp", "precision": "gguf",
-                    "reason": "llama.cpp (GGUF) is the only engine this build enables; automatic choice comes later"},
+        "backend": {"name": choice.backend, "precision": choice.precision, "reason": choice.reason,
+                    "gpu_layers": choice.gpu_layers, "gpu": choice.gpu, "overridden": choice.overridden,
+                    "rejected": [{"option": o, "why": w} for o, w in choice.rejected]},
+        "machine": scheduler.probe.as_dict() if scheduler.probe else None,
         "memory_available": available_bytes(),
         **await app.state.scheduler.status(),
     }

@@ -1,0 +1,253 @@
+"""Machine probe and backend choice, with the reasons and every rejected option.
+
+`probe()` reads the machine: OS and CPU (psutil, /proc/cpuinfo), RAM, NVIDIA GPUs through NVML
+(nvidia-ml-py; no library or no driver simply means no GPU), whether tensorrt_llm imports, and
+whether llama-cpp-python was built with GPU offload. `choose()` is a pure function of a probe
+and what formats a model has, so it is tested on real-shaped profiles:
+
+    TensorRT-LLM FP8   compute capability >= 8.9, tensorrt_llm present, a HF checkpoint or engine
+    TensorRT-LLM INT8  compute capability 8.0 to < 8.9, same conditions
+    llama.cpp (GGUF)   everywhere else; with GPU layers when offload exists, as many as fit
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+from typing import Any
+
+VRAM_HEADROOM = 0.9  # leave room for the desktop and the CUDA context
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    compute_capability: tuple[int, int]
+    total_vram: int
+    free_vram: int
+    driver: str = ""
+
+
+@dataclass(frozen=True)
+class Probe:
+    os: str
+    arch: str
+    cpu: str
+    cpu_features: tuple[str, ...]
+    physical_cores: int
+    logical_cores: int
+    ram_total: int
+    ram_available: int
+    gpus: tuple[GPU, ...] = ()
+    nvml: str = "not probed"  # "ok", or why there is no NVML view of GPUs
+    tensorrt_llm: str | None = None  # version when it imports
+    tensorrt_llm_error: str | None = None
+    llama_gpu_offload: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelFormats:
+    """What a model is available as (a model may have several)."""
+
+    gguf: bool = True
+    hf_checkpoint: bool = False  # config.json + safetensors: TensorRT-LLM can build from it
+    trt_engine: bool = False  # a built TensorRT-LLM engine folder
+    n_layer: int = 0
+    weights_bytes: int = 0  # of the GGUF, for the GPU layer split
+    kv_bytes: int = 0  # KV cache for the configured context and slots
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str  # "tensorrt" | "llama.cpp"
+    precision: str  # "fp8" | "int8" | "gguf"
+    gpu_layers: int = 0
+    gpu: str | None = None
+    reasons: tuple[str, ...] = ()
+    rejected: tuple[tuple[str, str], ...] = ()
+    overridden: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rejected"] = [{"option": o, "why": w} for o, w in self.rejected]
+        return d
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB"
+
+
+def choose(probe: Probe, model: ModelFormats, override: str | None = None) -> Choice:
+    """The fastest engine this machine and model support, why, and why not the others."""
+    rejected: list[tuple[str, str]] = []
+    gpu = max(probe.gpus, key=lambda g: (g.compute_capability, g.free_vram), default=None)
+
+    trt_why_not = None
+    if gpu is None:
+        trt_why_not = "no NVIDIA GPU found" + (f" ({probe.nvml})" if probe.nvml not in ("ok", "") else "")
+    elif gpu.compute_capability < (8, 0):
+        cc = "{}.{}".format(*gpu.compute_capability)
+        trt_why_not = f"{gpu.name} has compute capability {cc}; FP8 needs 8.9+ and INT8 kernels 8.0+"
+    elif probe.tensorrt_llm is None:
+        trt_why_not = "tensorrt_llm is not installed (pip install 'llmd[tensorrt]' from NVIDIA's index)" + (
+            f": {probe.tensorrt_llm_error}" if probe.tensorrt_llm_error else "")
+    elif not (model.hf_checkpoint or model.trt_engine):
+        trt_why_not = "the model is only a GGUF file; TensorRT-LLM needs a Hugging Face checkpoint or a built engine"
+
+    if gpu is not None and trt_why_not is None:
+        fp8 = gpu.compute_capability >= (8, 9)
+        cc = "{}.{}".format(*gpu.compute_capability)
+        precision = "fp8" if fp8 else "int8"
+        if not fp8:
+            rejected.append(("tensorrt fp8", f"{gpu.name} (compute capability {cc}) has no FP8 tensor cores (8.9+)"))
+        rejected.append(("llama.cpp gguf", "TensorRT-LLM is faster on this GPU"))
+        trt = Choice("tensorrt", precision, gpu=gpu.name, rejected=tuple(rejected), reasons=(
+            f"{gpu.name}, compute capability {cc}, {_gib(gpu.free_vram)} free",
+            f"TensorRT-LLM {probe.tensorrt_llm} {precision.upper()}"
+            + (" (FP8 weights and KV cache)" if fp8 else " (INT8 SmoothQuant or weight-only)"),
+        ))
+        if override in (None, "auto", "tensorrt"):
+            return trt
+    else:
+        rejected.append(("tensorrt", trt_why_not or "not applicable"))
+
+    # llama.cpp with as many layers on the GPU as fit
+    layers, reasons = 0, ["llama.cpp with a GGUF model runs everywhere"]
+    if gpu is not None and probe.llama_gpu_offload and model.n_layer:
+        need = model.weights_bytes + model.kv_bytes
+        room = int(gpu.free_vram * VRAM_HEADROOM)
+        if need <= room:
+            layers = model.n_layer
+            reasons.append(f"all {layers} layers on {gpu.name} ({_gib(need)} of {_gib(room)} usable VRAM)")
+        else:
+            per_layer = need / model.n_layer
+            layers = max(0, min(model.n_layer, int(room // per_layer)))
+            reasons.append(f"{layers} of {model.n_layer} layers on {gpu.name}: the model needs {_gib(need)}, "
+                           f"{_gib(room)} of VRAM is usable; the rest run on the CPU")
+    elif gpu is not None and not probe.llama_gpu_offload:
+        reasons.append(f"llama-cpp-python was built without GPU offload, so {gpu.name} is unused; "
+                       "rebuild with CMAKE_ARGS=\"-DGGML_CUDA=on\"")
+    else:
+        reasons.append(f"on the CPU: {probe.physical_cores} cores, {_gib(probe.ram_available)} RAM available")
+    choice = Choice("llama.cpp", "gguf", gpu_layers=layers, gpu=gpu.name if layers and gpu else None,
+                    reasons=tuple(reasons), rejected=tuple(rejected))
+    if override == "tensorrt":
+        return Choice("tensorrt", "fp8" if gpu and gpu.compute_capability >= (8, 9) else "int8",
+                      gpu=gpu.name if gpu else None, overridden=True,
+                      reasons=("chosen by the user (LLMD_BACKEND / --backend)",),
+                      rejected=(("automatic choice", choice.reason),))
+    if override == "llama.cpp":
+        return Choice(choice.backend, choice.precision, choice.gpu_layers, choice.gpu, overridden=True,
+                      reasons=("chosen by the user (LLMD_BACKEND / --backend)", *choice.reasons),
+                      rejected=choice.rejected)
+    return choice
+
+
+# ---- the probe --------------------------------------------------------------------------------
+
+
+def _cpu() -> tuple[str, tuple[str, ...]]:
+    name, flags = platform.processor() or platform.machine(), ()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and name in ("", platform.machine()):
+                    name = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    wanted = ("avx", "avx2", "avx512f", "avx512_vnni", "fma", "f16c", "neon", "asimd", "sve",
+                              "amx_tile", "avx_vnni")
+                    have = set(value.split())
+                    flags = tuple(w for w in wanted if w in have)
+    except OSError:
+        pass
+    return name, flags
+
+
+def _gpus() -> tuple[tuple[GPU, ...], str]:
+    try:
+        import pynvml
+    except ImportError:
+        return (), "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded...
+        return (), f"NVML unavailable: {e}"
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else str(driver)
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            out.append(GPU(name.decode() if isinstance(name, bytes) else str(name), (int(major), int(minor)),
+                           int(mem.total), int(mem.free), driver))
+        return tuple(out), "ok"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _tensorrt_llm() -> tuple[str | None, str | None]:
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return None, None
+    try:
+        import tensorrt_llm
+
+        return str(getattr(tensorrt_llm, "__version__", "unknown")), None
+    except Exception as e:  # present but broken (CUDA libraries missing...)
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _llama_offload() -> bool:
+    try:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:
+        return False
+
+
+def probe() -> Probe:
+    import psutil
+
+    cpu, flags = _cpu()
+    vm = psutil.virtual_memory()
+    gpus, nvml = _gpus()
+    trt, trt_err = _tensorrt_llm()
+    return Probe(
+        os=f"{platform.system()} {platform.release()}", arch=platform.machine(), cpu=cpu, cpu_features=flags,
+        physical_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        logical_cores=psutil.cpu_count() or 1, ram_total=int(vm.total), ram_available=int(vm.available),
+        gpus=gpus, nvml=nvml, tensorrt_llm=trt, tensorrt_llm_error=trt_err, llama_gpu_offload=_llama_offload(),
+    )
+
+
+def formats_of(row: dict[str, Any], n_ctx: int, n_slots: int) -> ModelFormats:
+    """A registry row's formats and the sizes the GPU split needs."""
+    from llmd.models.gguf import read_gguf
+    from llmd.models.memory import estimate
+
+    info = read_gguf(row["path"])
+    est = estimate(info, n_ctx, n_slots)
+    extra = row.get("formats") or ""
+    return ModelFormats(gguf=True, hf_checkpoint="hf" in extra, trt_engine="engine" in extra,
+                        n_layer=info.n_layer, weights_bytes=est.weights, kv_bytes=est.kv)
+
+
+__all__ = ["GPU", "Probe", "ModelFormats", "Choice", "choose", "probe", "formats_of"]

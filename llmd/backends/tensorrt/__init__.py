@@ -1,0 +1,1 @@
+"""TensorRT-LLM engine (FP8/INT8). Imported by name only; tensorrt_llm loads lazily."""

@@ -1,0 +1,254 @@
+"""TensorRT-LLM engine (LLM API, TensorRT-LLM 1.2), written against its documentation.
+
+NOT RUN ON A GPU YET: tensorrt_llm cannot be installed on the machines this was written on.
+What runs everywhere, and is tested: the mapping from (choice, model, request) to LLM kwargs
+and SamplingParams as plain data, the streaming adapter (against a stand-in with the same
+output objects), and the clear error when this backend is selected without tensorrt_llm.
+Nothing here imports tensorrt_llm at module load.
+
+How 1.2 is used:
+- FP8 on compute capability 8.9+: the PyTorch `LLM` loads a pre-quantized (ModelOpt FP8)
+  checkpoint; KV cache in FP8 through KvCacheConfig(dtype="fp8"). It rejects quant_config.
+- INT8 (8.0 to 8.6), or FP8 calibrated at load: the engine backend
+  (`tensorrt_llm._tensorrt_engine.LLM`) with QuantConfig(quant_algo=W8A8_SQ_PER_CHANNEL or
+  W8A16 / FP8) and CalibConfig(calib_dataset=<a local file of prompts>), built once and kept
+  in llmd's cache dir.
+- KV reuse: KvCacheConfig(enable_block_reuse=True, host_cache_size=..., free_gpu_memory_fraction
+  low enough to leave a desktop GPU usable).
+- Speculation: DraftTargetDecodingConfig or NGramDecodingConfig with disable_overlap_scheduler.
+- Streaming: llm.generate_async(prompt, params, streaming=True); outputs[0].text_diff is new text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from llmd.backends.base import (
+    EngineConfig,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    GenerationRequest,
+    TokenEvent,
+    Usage,
+)
+from llmd.errors import EngineError, LlmdError
+
+KV_GPU_FRACTION = 0.6  # TensorRT-LLM's default 0.9 takes most free VRAM; a desktop needs some back
+HOST_CACHE_BYTES = 2 * 1024**3
+CALIB_FILE = Path(__file__).with_name("calibration_prompts.txt")
+
+
+def require_tensorrt_llm() -> Any:
+    try:
+        import tensorrt_llm
+    except ImportError as e:
+        raise EngineError(
+            "the TensorRT backend was selected but tensorrt_llm is not installed: install it with "
+            "`pip install 'llmd[tensorrt]' --extra-index-url https://pypi.nvidia.com` on Linux with an NVIDIA GPU "
+            f"and CUDA 12, or choose llama.cpp with LLMD_BACKEND=llama.cpp ({e})"
+        ) from None
+    return tensorrt_llm
+
+
+def llm_kwargs(precision: str, model_dir: str, cfg: EngineConfig, engine_cache: str,
+               speculation: str = "off", draft_dir: str | None = None, pre_quantized: bool = False,
+               calib_file: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Which LLM class to use ("pytorch" or "engine") and its keyword arguments, as data.
+    Objects (KvCacheConfig, QuantConfig, ...) are described as {"__class__": name, **fields}."""
+    kv = {"__class__": "KvCacheConfig", "enable_block_reuse": True, "host_cache_size": HOST_CACHE_BYTES,
+          "free_gpu_memory_fraction": KV_GPU_FRACTION}
+    common: dict[str, Any] = {"model": model_dir, "max_batch_size": cfg.n_slots,
+                              "max_seq_len": cfg.n_ctx, "kv_cache_config": kv}
+    if precision == "fp8" and pre_quantized:
+        kv["dtype"] = "fp8"
+        kind = "pytorch"
+        if speculation == "draft" and draft_dir:
+            common["speculative_config"] = {"__class__": "DraftTargetDecodingConfig", "max_draft_len": 4,
+                                            "speculative_model": draft_dir}
+            common["disable_overlap_scheduler"] = True
+        elif speculation == "ngram":
+            common["speculative_config"] = {"__class__": "NGramDecodingConfig", "max_draft_len": 4,
+                                            "max_matching_ngram_size": 3}
+            common["disable_overlap_scheduler"] = True
+        return kind, common
+    algo = {"fp8": "FP8", "int8": "W8A8_SQ_PER_CHANNEL", "int8-weight-only": "W8A16"}.get(precision)
+    if algo is None:
+        raise EngineError(f"TensorRT precision {precision!r} is not one of fp8, int8, int8-weight-only")
+    common["quant_config"] = {"__class__": "QuantConfig", "quant_algo": algo,
+                              "kv_cache_quant_algo": "FP8" if precision == "fp8" else "INT8"}
+    common["calib_config"] = {"__class__": "CalibConfig", "calib_dataset": calib_file or str(CALIB_FILE),
+                              "calib_batches": 64, "calib_max_seq_length": 512}
+    common["build_config"] = {"__class__": "BuildConfig", "max_batch_size": cfg.n_slots,
+                              "max_seq_len": cfg.n_ctx}
+    common["engine_cache_dir"] = engine_cache  # llmd saves the built engine here and reuses it
+    return "engine", common
+
+
+def sampling_kwargs(req: GenerationRequest, n_ctx: int) -> dict[str, Any]:
+    """SamplingParams for a request. max_tokens is always set: TensorRT-LLM defaults to 32."""
+    s = req.sampling
+    kw: dict[str, Any] = {
+        "max_tokens": req.max_tokens if req.max_tokens is not None else n_ctx,
+        "temperature": s.temperature,
+        "return_perf_metrics": True,
+    }
+    if not s.greedy:
+        if s.top_p < 1.0:
+            kw["top_p"] = s.top_p
+        if s.top_k > 0:
+            kw["top_k"] = s.top_k
+        if s.min_p > 0:
+            kw["min_p"] = s.min_p
+    if s.seed is not None:
+        kw["seed"] = s.seed
+    if s.presence_penalty:
+        kw["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty:
+        kw["frequency_penalty"] = s.frequency_penalty
+    if s.repeat_penalty != 1.0:
+        kw["repetition_penalty"] = s.repeat_penalty
+    if req.stop:
+        kw["stop"] = list(req.stop)
+    rf = req.response_format
+    if rf and rf.get("type") == "json_object":
+        kw["guided_decoding"] = {"__class__": "GuidedDecodingParams", "json_object": True}
+    elif rf and rf.get("type") == "json_schema":
+        kw["guided_decoding"] = {"__class__": "GuidedDecodingParams", "json": rf["json_schema"]["schema"]}
+    return kw
+
+
+def materialize(value: Any, namespace: dict[str, Any]) -> Any:
+    """Turn the {"__class__": ...} descriptions into tensorrt_llm objects."""
+    if isinstance(value, dict) and "__class__" in value:
+        cls = namespace[value["__class__"]]
+        return cls(**{k: materialize(v, namespace) for k, v in value.items() if k != "__class__"})
+    if isinstance(value, dict):
+        return {k: materialize(v, namespace) for k, v in value.items()}
+    if isinstance(value, str) and value in namespace.get("_enums", {}):
+        return namespace["_enums"][value]
+    return value
+
+
+async def stream_events(request_id: str, outputs: AsyncIterator[Any], t_received: float) -> AsyncIterator[Event]:
+    """Adapt generate_async(streaming=True) outputs to llmd events. Each output has
+    outputs[0].text_diff (new text), .token_ids, .finish_reason, and prompt_token_ids;
+    request_perf_metrics.speculative_decoding carries draft figures when speculation is on."""
+    t_first = 0.0
+    async for out in outputs:
+        o = out.outputs[0]
+        if o.text_diff:
+            if not t_first:
+                t_first = time.perf_counter()
+            yield TokenEvent(request_id, o.text_diff, 1)
+        if out.finished:
+            now = time.perf_counter()
+            spec = getattr(getattr(o, "request_perf_metrics", None), "speculative_decoding", None)
+            drafted = int(getattr(spec, "total_draft_tokens", 0) or 0)
+            accepted = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0)
+            usage = Usage(
+                prompt_tokens=len(out.prompt_token_ids), completion_tokens=len(o.token_ids), cached_tokens=0,
+                ttft_s=(t_first or now) - t_received, prefill_s=(t_first or now) - t_received,
+                decode_s=now - (t_first or now), drafted_tokens=drafted, accepted_tokens=accepted)
+            yield FinalEvent(request_id, "length" if o.finish_reason == "length" else "stop", usage)
+            return
+
+
+class TensorRTEngine:
+    name = "tensorrt"
+    supports_speculation = True
+    supports_prefix_cache = True  # KV block reuse inside TensorRT-LLM
+    precisions = ("fp8", "int8")
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        trt = require_tensorrt_llm()
+        from tensorrt_llm import SamplingParams  # noqa: F401  (checked here, used in _generate)
+
+        self.cfg = cfg
+        self._trt = trt
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._active: dict[str, asyncio.Task[None]] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="llmd-trt-loop", daemon=True)
+        self._thread.start()
+        t0 = time.perf_counter()
+        # the LLM must be created inside the running event loop
+        self.llm = asyncio.run_coroutine_threadsafe(self._create(), self._loop).result()
+        self.load_s = time.perf_counter() - t0
+
+    async def _create(self) -> Any:
+        from tensorrt_llm import llmapi
+
+        kind, kwargs = llm_kwargs(self.cfg.precision or "fp8", self.cfg.model_path, self.cfg,
+                                  str(Path(self.cfg.prefix_dir or ".").parent / "trt-engines"),
+                                  pre_quantized=self.cfg.precision == "fp8")
+        ns = {name: getattr(llmapi, name) for name in dir(llmapi) if not name.startswith("_")}
+        if kind == "engine":
+            from tensorrt_llm._tensorrt_engine import LLM
+            from tensorrt_llm.quantization import QuantAlgo
+
+            ns["_enums"] = {k: getattr(QuantAlgo, k) for k in ("FP8", "W8A8_SQ_PER_CHANNEL", "W8A16", "INT8")}
+        else:
+            from tensorrt_llm import LLM
+        return LLM(**materialize(kwargs, ns))
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": self.cfg.model_name, "path": self.cfg.model_path,
+                "precision": self.cfg.precision, "n_ctx": self.cfg.n_ctx, "n_slots": self.cfg.n_slots,
+                "load_s": round(self.load_s, 3), "tensorrt_llm": getattr(self._trt, "__version__", "?")}
+
+    def submit(self, req: GenerationRequest) -> None:
+        t = time.perf_counter()
+        fut = asyncio.run_coroutine_threadsafe(self._generate(req, t), self._loop)
+        fut.add_done_callback(lambda _f: self._active.pop(req.id, None))
+
+    async def _generate(self, req: GenerationRequest, t_received: float) -> None:
+        from tensorrt_llm import SamplingParams, llmapi
+
+        self._active[req.id] = asyncio.current_task()  # type: ignore[assignment]
+        try:
+            ns = {name: getattr(llmapi, name) for name in dir(llmapi) if not name.startswith("_")}
+            params = SamplingParams(**materialize(sampling_kwargs(req, self.cfg.n_ctx), ns))
+            prompt = req.prompt if req.raw or req.messages is None else self.llm.tokenizer.apply_chat_template(
+                req.messages, tokenize=False, add_generation_prompt=True)
+            async for ev in stream_events(req.id, self.llm.generate_async(prompt, params, streaming=True), t_received):
+                self._events.put(ev)
+        except asyncio.CancelledError:
+            self._events.put(FinalEvent(req.id, "cancelled", Usage(0, 0, 0, 0.0, 0.0, 0.0)))
+        except LlmdError as e:
+            self._events.put(ErrorEvent(req.id, e.to_wire()))
+        except Exception as e:
+            self._events.put(ErrorEvent(req.id, EngineError(f"TensorRT-LLM failed: {e}").to_wire()))
+
+    def cancel(self, request_id: str) -> None:
+        task = self._active.get(request_id)
+        if task is not None:
+            self._loop.call_soon_threadsafe(task.cancel)
+
+    def has_work(self) -> bool:
+        return bool(self._active) or not self._events.empty()
+
+    def step(self) -> list[Event]:
+        out: list[Event] = []
+        try:
+            out.append(self._events.get(timeout=0.02))
+            while True:
+                out.append(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return {"slots_busy": len(self._active), "slots": self.cfg.n_slots, "waiting": 0}
+
+    def close(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(asyncio.to_thread(self.llm.shutdown), self._loop).result(60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
