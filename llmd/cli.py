@@ -245,6 +245,15 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"  file: {m['path']} ({_mib(m['size'])}, {m['digest']})")
         print(f"  memory to load: {_mib(est['total'])} = weights {_mib(est['weights'])} + KV cache {_mib(est['kv'])} "
               f"({est['n_slots']} slots x {est['n_ctx']} tokens) + compute {_mib(est['compute'])}")
+        if m.get("parent"):
+            print(f"  quantized from {m['parent']} to {m['quant_type']}")
+        if m.get("eval"):
+            e = json.loads(m["eval"])
+            line = f"  eval: perplexity {e['perplexity']:.3f} ({e['tokens_scored']} tokens, {e['text']} text)"
+            if e.get("base"):
+                line += (f"; vs {e['base']}: KL {e['kl_mean']:.5f}, top-1 {e['top1_agreement']:.1%}, "
+                         f"ppl ratio {e['ppl_ratio']:.4f}")
+            print(line)
         return 0
     if action == "add":
         m = client.add_model(os.path.abspath(args.name), args.as_name)
@@ -310,6 +319,102 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                        progress=lambda done, total: bar.update(task, completed=done)))
     print(render(report))
     return 0 if report["errors"] == 0 else 1
+
+
+def _local_registry(args: argparse.Namespace) -> Any:
+    from llmd.models.registry import Registry
+
+    settings = _settings(args)
+    settings.paths.ensure()
+    registry = Registry(settings.paths.registry_db, settings.paths.models_dir)
+    registry.sync_packaged()
+    return settings, registry
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """Runs here (it is file work); the daemon sees the new model in the shared registry."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TimeElapsedColumn
+
+    from llmd.models.quantize import plan, quantize
+
+    if args.backend == "tensorrt":
+        from llmd.backends.tensorrt.engine import CALIB_FILE
+
+        print("TensorRT models are quantized when the engine is built, calibrated on the prompts in "
+              f"{args.calib or CALIB_FILE}; start the daemon with LLMD_BACKEND=tensorrt on a GPU machine.")
+        return 0
+    if args.imatrix:
+        print("llmd: --imatrix is not supported yet: llama-cpp-python cannot pass an importance matrix to "
+              "llama_model_quantize; use llama.cpp's llama-quantize --imatrix and `llmd models add`", file=sys.stderr)
+        return 1
+    settings, registry = _local_registry(args)
+    src = registry.get(args.model)
+    qtype = args.type.upper()
+    name = args.name or f"{args.model}-{qtype.lower()}"
+    registry.check_free(name)
+    p = plan(Path(src["path"]), settings.paths.models_dir / f"{name}.gguf", qtype)
+    if p.warning:
+        print(f"warning: {p.warning}", file=sys.stderr)
+    with Progress("[progress.description]{task.description}", BarColumn(), "{task.percentage:>3.0f}%",
+                  TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task(f"{args.model} -> {qtype}", total=1.0)
+        out = quantize(p, progress=lambda f: bar.update(task, completed=f))
+    row = registry.add(out, name, source="created", parent=args.model, quant_type=qtype)
+    print(f"created {name}: {row['quantization']}, {_mib(row['size'])} (from {args.model}, {_mib(src['size'])})")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from llmd.models.evaluate import evaluate, load_text
+
+    settings, registry = _local_registry(args)
+    model = registry.get(args.model)
+    base = registry.get(args.base) if args.base else None
+    text = load_text(Path(args.text)) if args.text else None
+    result = evaluate(model["path"], base["path"] if base else None, text, tokens=args.tokens, window=args.window)
+    out = {**result.as_dict(), "base": args.base, "text": args.text or "built-in"}
+    registry.set_eval(args.model, out)
+    if args.json:
+        return _print_json(out)
+    print(f"{args.model}: perplexity {result.perplexity:.3f} over {result.tokens_scored} tokens "
+          f"({result.windows} windows of {result.window})")
+    if base is not None:
+        assert result.kl_mean is not None and result.top1_agreement is not None and result.ppl_ratio is not None
+        print(f"against {args.base}: mean KL divergence {result.kl_mean:.5f} (p99 {result.kl_p99:.4f}), "
+              f"top-1 agreement {result.top1_agreement:.1%}, perplexity ratio {result.ppl_ratio:.4f}")
+        if result.kl_mean > args.kl_warn:
+            print(f"warning: KL divergence {result.kl_mean:.4f} is above {args.kl_warn} (LLMD_KL_WARN / --kl-warn): "
+                  "this quantization changes the model's answers noticeably")
+    return 0
+
+
+def cmd_tray(args: argparse.Namespace) -> int:
+    from llmd.tray.app import TrayApp
+
+    TrayApp(_settings(args)).run()
+    return 0
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from llmd import service
+
+    if args.action == "install":
+        for path in service.install():
+            print(f"installed {path}")
+        print("llmd starts at your next login; `llmd service uninstall` undoes this")
+    elif args.action == "uninstall":
+        removed = service.uninstall()
+        for path in removed:
+            print(f"removed {path}")
+        if not removed:
+            print("nothing was installed")
+    else:
+        print("installed" if service.installed() else "not installed")
+    return 0
 
 
 # ---- generation -------------------------------------------------------------------------------
@@ -408,6 +513,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=64)
     s.add_argument("--model")
     s.add_argument("--json", action="store_true")
+    s = cmd("quantize", cmd_quantize, "quantize a registered model into a new one (llama.cpp types)")
+    s.add_argument("model")
+    s.add_argument("--type", required=True, help="Q4_K_M, Q4_0, Q5_K_M, Q8_0 or F16")
+    s.add_argument("--name", help="name of the new model (default MODEL-TYPE)")
+    s.add_argument("--imatrix", help="importance matrix file (not supported yet)")
+    s.add_argument("--backend", choices=["llama.cpp", "tensorrt"], default="llama.cpp")
+    s.add_argument("--calib", help="TensorRT calibration prompts file")
+    s = cmd("eval", cmd_eval, "perplexity, and KL divergence / top-1 agreement against a base model")
+    s.add_argument("model")
+    s.add_argument("--base", help="reference model (e.g. the F16 original)")
+    s.add_argument("--text", help="evaluation text file (default: the text shipped with llmd)")
+    s.add_argument("--tokens", type=int, default=1024)
+    s.add_argument("--window", type=int, default=256)
+    s.add_argument("--kl-warn", type=float, default=float(os.environ.get("LLMD_KL_WARN", "0.05")))
+    s.add_argument("--json", action="store_true")
+    cmd("tray", cmd_tray, "the tray icon (needs a desktop session)")
+    s = cmd("service", cmd_service, "start llmd and its tray at login: install, uninstall or status")
+    s.add_argument("action", choices=["install", "uninstall", "status"])
     s = cmd("use", cmd_use, "switch the active model (loads it, retires the other)")
     s.add_argument("name")
     for name, fn, help in (("run", cmd_run, "stream one reply (prompt from stdin when omitted)"),

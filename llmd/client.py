@@ -100,6 +100,27 @@ class Client:
             raise DaemonNotRunning(self.base_url) from None
 
 
+def follow_events(settings: Settings, on_state: Any, on_down: Any, stop: Any, retry_s: float = 1.0) -> None:
+    """Follow /llmd/events (server-sent events), calling on_state(dict) for each state and
+    on_down(reason) when the daemon is unreachable; reconnects until stop() is true."""
+    url = settings.base_url + "/llmd/events"
+    while not stop():
+        try:
+            with httpx.Client(timeout=httpx.Timeout(30.0, connect=2.0)) as c, c.stream("GET", url) as r:
+                for line in r.iter_lines():
+                    if stop():
+                        return
+                    if line.startswith("data: "):
+                        on_state(json.loads(line[6:]))
+        except (httpx.HTTPError, ValueError) as e:
+            on_down(str(e) or type(e).__name__)
+        if stop():
+            return
+        import time
+
+        time.sleep(retry_s)
+
+
 def _error_message(r: httpx.Response) -> str:
     try:
         err = r.json().get("error")

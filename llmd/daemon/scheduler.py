@@ -43,6 +43,8 @@ class Scheduler:
         self._reaper: asyncio.Task[None] | None = None
         self._standby: WorkerHandle | None = None  # a started worker waiting for its model
         self.probe: Probe | None = None  # set by the app at start (NVML can take a moment)
+        self.version = 0  # bumped on every change a watcher cares about (see /llmd/events)
+        self._changed: asyncio.Condition | None = None
         self.choices: dict[str, Choice] = {}
         self._loads: dict[str, asyncio.Task[WorkerHandle]] = {}
         self.active_model = settings.model
@@ -50,6 +52,30 @@ class Scheduler:
         self.capacity = settings.slots + settings.max_queue
         self.started = time.time()
         self.crashes = 0
+
+    # ---- change notification (for /llmd/events) ----------------------------------------------
+
+    def touch(self) -> None:
+        self.version += 1
+        if self._changed is not None:
+            cond = self._changed
+
+            async def _notify() -> None:
+                async with cond:
+                    cond.notify_all()
+
+            asyncio.ensure_future(_notify())
+
+    async def wait_change(self, seen: int, timeout: float) -> int:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        if self.version == seen:
+            try:
+                async with self._changed:
+                    await asyncio.wait_for(self._changed.wait_for(lambda: self.version != seen), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self.version
 
     # ---- loading ------------------------------------------------------------------------------
 
@@ -65,6 +91,7 @@ class Scheduler:
         if task is None:
             task = asyncio.ensure_future(self._load(name, row))
             self._loads[name] = task
+            self.touch()
             task.add_done_callback(lambda _t, n=name: self._loads.pop(n, None))
         worker = await asyncio.shield(task)
         return worker, time.perf_counter() - t0
@@ -94,6 +121,7 @@ class Scheduler:
         log.info("loaded %s in worker pid %s (%.2fs)", name, worker.pid, worker.info.get("load_s", 0))
         self._retire_idle(keep=name)
         self._ensure_reaper()
+        self.touch()
         return worker
 
     def choice_for(self, name: str, row: dict[str, Any] | None = None) -> Choice:
@@ -136,6 +164,7 @@ class Scheduler:
             del self.workers[name]
             if worker.process.exitcode not in (0, None):
                 self.crashes += 1
+            self.touch()
 
     def _retire_idle(self, keep: str | None = None) -> None:
         """Stop workers beyond max_loaded (least recently used first), and those asked to unload,
@@ -159,6 +188,7 @@ class Scheduler:
         self._retiring.discard(name)
         self._keep.pop(name, None)
         log.info("unloading %s (worker pid %s)", name, worker.pid)
+        self.touch()
         asyncio.get_running_loop().run_in_executor(None, worker.shutdown)
 
     def unload(self, name: str) -> bool:
@@ -175,6 +205,7 @@ class Scheduler:
         worker, _ = await self.worker_for(name)
         self.active_model = name
         self._retire_idle(keep=name)
+        self.touch()
         return worker
 
     def set_keep_alive(self, name: str, value: str | float | int | None) -> None:
@@ -226,6 +257,7 @@ class Scheduler:
                 retry_after=1,
             )
         self.in_flight += 1
+        self.touch()
         name = model or self.active_model
         self._users[name] = self._users.get(name, 0) + 1
         try:
@@ -251,6 +283,7 @@ class Scheduler:
                     worker.cancel(req.id)
         finally:
             self.in_flight -= 1
+            self.touch()
             self._users[name] -= 1
             self._last_used[name] = time.monotonic()
             if self._keep.get(name, self.keep_alive) == 0 and name in self.workers:

@@ -8,6 +8,7 @@ once and recomputed only when the file's size or mtime changes.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,14 @@ def _m002_packaged_seen(db: sqlite_utils.Database) -> None:
     db["packaged_seen"].create({"name": str}, pk="name")
 
 
-MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen)]
+def _m003_lineage_and_eval(db: sqlite_utils.Database) -> None:
+    db["models"].add_column("parent", str)  # the model this one was quantized from
+    db["models"].add_column("quant_type", str)
+    db["models"].add_column("eval", str)  # JSON: the last `llmd eval` result
+
+
+MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen),
+              ("003_lineage_and_eval", _m003_lineage_and_eval)]
 
 
 def file_digest(path: Path) -> str:
@@ -62,12 +70,19 @@ class Registry:
                 self._register(name, path, "package")
             self.db["packaged_seen"].upsert({"name": name}, pk="name")
 
-    def add(self, path: Path, name: str | None = None, source: str = "user") -> dict[str, Any]:
+    def add(self, path: Path, name: str | None = None, source: str = "user", **extra: Any) -> dict[str, Any]:
         path = path.expanduser().resolve()
         name = name or path.stem.lower()
+        self.check_free(name)
+        return self._register(name, path, source, **extra)
+
+    def check_free(self, name: str) -> None:
         if self._row(name) is not None:
             raise BadRequest(f"a model named {name!r} is already registered; pick another with --name", "name")
-        return self._register(name, path, source)
+
+    def set_eval(self, name: str, result: dict[str, Any]) -> None:
+        self.get(name)
+        self.db["models"].update(name, {"eval": json.dumps(result)})
 
     def remove(self, name: str) -> dict[str, Any]:
         """Unregister; delete the file only if llmd created it (never a user's or a package's file)."""
@@ -100,14 +115,14 @@ class Registry:
             return False
         return st.st_size == row["size"] and st.st_mtime == row["mtime"]
 
-    def _register(self, name: str, path: Path, source: str) -> dict[str, Any]:
+    def _register(self, name: str, path: Path, source: str, **extra: Any) -> dict[str, Any]:
         info = read_gguf(path)  # validates before anything is written
         st = path.stat()
         row = {
             "name": name, "path": str(path), "format": "gguf", "source": source, "digest": file_digest(path),
             "size": st.st_size, "mtime": st.st_mtime, "arch": info.arch, "n_params": info.n_params,
             "quantization": info.quantization, "context_length": info.context_length,
-            "has_chat_template": int(info.chat_template is not None), "added_at": time.time(),
+            "has_chat_template": int(info.chat_template is not None), "added_at": time.time(), **extra,
         }
         self.db["models"].upsert(row, pk="name")
         return row

@@ -174,7 +174,54 @@ async def dashboard(request: Request) -> Response:
     return Response(page, media_type="text/html; charset=utf-8")
 
 
+async def tray_state(request: Request) -> dict[str, Any]:
+    """The compact state a tray or a watcher shows: what changed is pushed by /llmd/events."""
+    app = request.app
+    scheduler = app.state.scheduler
+    points = [p for p in app.state.metrics.history if p.get("ttft_p50") is not None]
+    last = points[-1] if points else {}
+    rc = app.state.response_cache
+    rs = rc.stats() if rc is not None else {}
+    lookups = rs.get("hits", 0) + rs.get("misses", 0)
+    choice = scheduler.choices.get(scheduler.active_model)
+    return {
+        "active_model": scheduler.active_model,
+        "models": [m["name"] for m in app.state.registry.list()],
+        "loaded": sorted(scheduler.workers),
+        "loading": sorted(scheduler._loads),
+        "requests_in_flight": scheduler.in_flight,
+        "backend": {"name": choice.backend, "precision": choice.precision} if choice else None,
+        "ttft_p50_ms": round(last["ttft_p50"] * 1000, 1) if last else None,
+        "tokens_per_s": round(last["tokens_per_s"], 1) if last.get("tokens_per_s") else None,
+        "cache_hit_rate": round(rs.get("hits", 0) / lookups, 3) if lookups else None,
+        "worker_crashes": scheduler.crashes,
+        "version": scheduler.version,
+    }
+
+
+async def events(request: Request) -> Response:
+    """Server-sent events: the tray state now, then again on every change (heartbeat every 15 s)."""
+    from starlette.responses import StreamingResponse
+
+    scheduler = request.app.state.scheduler
+
+    async def stream() -> Any:
+        import json
+
+        seen = -1
+        while True:
+            if await request.is_disconnected():
+                return
+            state = await tray_state(request)
+            seen = state["version"]
+            yield b"event: state\ndata: " + json.dumps(state).encode() + b"\n\n"
+            await scheduler.wait_change(seen, 15.0)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 routes = [
+    Route("/llmd/events", events, methods=["GET"]),
     Route("/", dashboard, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/llmd/history", history, methods=["GET"]),
