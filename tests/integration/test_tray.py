@@ -89,7 +89,7 @@ class Tray:
                 msg = self.lines.get(timeout=0.5)
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    raise AssertionError(f"the tray exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
+                    raise AssertionError(f"the tray exited: {self.proc.stderr.read() if self.proc.stderr else ''}") from None
                 continue
             if msg.get(key) == value:
                 return msg
