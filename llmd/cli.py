@@ -40,9 +40,11 @@ def _mib(n: int | None) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from llmd.daemon.server import serve
+    from llmd.logs import setup
 
     settings = _settings(args, model=args.model, ctx=args.ctx, slots=args.slots, backend=args.backend)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup(settings.paths.log_file)
+    logging.getLogger("llmd.server").info("settings", extra={"settings": settings.as_dict()})
     serve(settings)
     return 0
 

@@ -137,3 +137,24 @@ def test_llmd_bench_agrees_with_metrics(obs: Daemon, tmp_path: Path):
     n = total(after, "llmd_requests_total", outcome="ok") - total(before, "llmd_requests_total", outcome="ok")
     assert n == 6
     assert report["daemon"]["requests_ok"] == 6
+
+
+def test_structured_logs_have_request_ids_and_no_prompts(obs: Daemon):
+    secret = "purple-elephant-7431"
+    r = httpx.post(obs.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": f"Repeat {secret}"}], "max_tokens": 4, "temperature": 0,
+        "seed": 99})
+    assert r.status_code == 200
+    rid = r.json()["id"].removeprefix("chatcmpl-")
+    log = obs.home / "logs" / "llmd.log"
+    deadline = time.monotonic() + 5
+    entries: list[dict] = []
+    while time.monotonic() < deadline:
+        entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        if any(e.get("request_id") == rid for e in entries):
+            break
+        time.sleep(0.2)
+    mine = [e for e in entries if e.get("request_id") == rid]
+    assert mine and mine[0]["outcome"] == "ok" and mine[0]["api"] == "openai" and mine[0]["completion_tokens"] >= 1
+    assert all({"ts", "level", "logger", "msg"} <= set(e) for e in entries)
+    assert secret not in log.read_text()

@@ -4,6 +4,7 @@ field, and running a request so that errors before the first token get a proper 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.errors import BadRequest, LlmdError
 
 M = TypeVar("M", bound=BaseModel)
+_log = logging.getLogger("llmd.requests")
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -108,6 +110,13 @@ class Run:
             if self.metrics is not None:
                 end = time.perf_counter()
                 ttft = self.t_first - self.t_start if self.t_first is not None else None
+                u = self.final.usage if self.final else None
+                _log.info("request", extra={
+                    "request_id": self.req.id, "model": self.model, "api": self.api, "outcome": outcome,
+                    "cache": self.cache, "ttft_s": ttft, "duration_s": end - self.t_start,
+                    "finish_reason": self.final.finish_reason if self.final else None,
+                    "prompt_tokens": u.prompt_tokens if u else None, "cached_tokens": u.cached_tokens if u else None,
+                    "completion_tokens": u.completion_tokens if u else None})
                 self.metrics.observe(self.model, self.api, outcome, ttft, self.gaps, end - self.t_start,
                                      self.final.usage if self.final else None, self.cache)
 

