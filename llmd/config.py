@@ -8,6 +8,7 @@ dir under one folder; otherwise platformdirs picks the user's usual places.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ class Settings:
         return out
 
 
-def load_settings(overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Settings:
+def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Resolve settings from defaults, LLMD_* environment variables and explicit overrides."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}

@@ -24,13 +24,13 @@ def open_db(path: Path, migrations: Sequence[Migration]) -> sqlite_utils.Databas
     names = [name for name, _ in migrations]
     if len(set(names)) != len(names):
         raise ValueError(f"migration names must be unique: {names}")
-    db["_migrations"].create({"name": str, "applied_at": float}, pk="name", if_not_exists=True)
-    done = {row["name"] for row in db["_migrations"].rows}
+    db.table("_migrations").create({"name": str, "applied_at": float}, pk="name", if_not_exists=True)
+    done = {row["name"] for row in db.table("_migrations").rows}
 
     for name, fn in migrations:
         if name in done:
             continue
         with db.conn:
             fn(db)
-            db["_migrations"].insert({"name": name, "applied_at": time.time()})
+            db.table("_migrations").insert({"name": name, "applied_at": time.time()})
     return db

@@ -155,7 +155,7 @@ def choose(probe: Probe, model: ModelFormats, override: str | None = None) -> Ch
 
 
 def _cpu() -> tuple[str, tuple[str, ...]]:
-    name, flags = platform.processor() or platform.machine(), ()
+    name, flags = platform.processor() or platform.machine(), tuple[str, ...]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -64,7 +64,8 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
         conn.send(Loaded({}, e.to_wire()))
         return
     except Exception as e:
-        conn.send(Loaded({}, EngineError(f"{backend} could not load {cfg.model_name}: {e}").to_wire()))
+        name = cfg.model_name if cfg else "a model"
+        conn.send(Loaded({}, EngineError(f"{backend} could not load {name}: {e}").to_wire()))
         return
     conn.send(Loaded(engine.info()))
     if urgent is not None:  # set by the daemon with each new request: idle work yields to it at once
@@ -130,6 +131,10 @@ class WorkerHandle:
             self._conn.send(cfg)
 
     @property
+    def label(self) -> str:
+        return self.cfg.model_name if self.cfg else "standby"
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid
 
@@ -144,7 +149,7 @@ class WorkerHandle:
         queue: asyncio.Queue[Event] = asyncio.Queue()
         with self._lock:
             if not self.alive:
-                raise EngineCrashed(f"the worker for {self.cfg.model_name} has exited; retry the request")
+                raise EngineCrashed(f"the worker for {self.label} has exited; retry the request")
             self._queues[req.id] = queue
             self._conn.send(req)
             self._urgent.set()

@@ -28,12 +28,12 @@ log = logging.getLogger("llmd.response_cache")
 
 
 def _m001_responses(db: sqlite_utils.Database) -> None:
-    db["responses"].create(
+    db.table("responses").create(
         {"key": str, "model": str, "pieces": str, "finish_reason": str, "usage": str, "size": int,
          "created_at": float, "last_used": float, "hits": int},
         pk="key",
     )
-    db["responses"].create_index(["last_used"])
+    db.table("responses").create_index(["last_used"])
 
 
 MIGRATIONS = [("001_responses", _m001_responses)]
@@ -101,7 +101,7 @@ class ResponseCache:
         usage_json = json.dumps(dataclasses.asdict(usage))
         size = len(body.encode()) + len(usage_json) + 128
         now = time.time()
-        self.db["responses"].upsert({"key": key, "model": model, "pieces": body, "finish_reason": finish_reason,
+        self.db.table("responses").upsert({"key": key, "model": model, "pieces": body, "finish_reason": finish_reason,
                                      "usage": usage_json, "size": size, "created_at": now, "last_used": now,
                                      "hits": 0}, pk="key")
         self._evict()

@@ -25,7 +25,7 @@ from llmd.models.registry import Registry
 
 log = logging.getLogger("llmd.scheduler")
 
-WorkerFactory = Callable[[str, EngineConfig, asyncio.AbstractEventLoop, Callable[[WorkerHandle], None]], WorkerHandle]
+WorkerFactory = Callable[[str, EngineConfig | None, asyncio.AbstractEventLoop, Callable[[WorkerHandle], None]], WorkerHandle]
 
 
 class Scheduler:
@@ -52,6 +52,11 @@ class Scheduler:
         self.capacity = settings.slots + settings.max_queue
         self.started = time.time()
         self.crashes = 0
+
+    @property
+    def loading(self) -> list[str]:
+        """Models whose load is in flight."""
+        return sorted(self._loads)
 
     # ---- change notification (for /llmd/events) ----------------------------------------------
 
@@ -92,9 +97,15 @@ class Scheduler:
             task = asyncio.ensure_future(self._load(name, row))
             self._loads[name] = task
             self.touch()
-            task.add_done_callback(lambda _t, n=name: self._loads.pop(n, None))
+            task.add_done_callback(self._load_done(name))
         worker = await asyncio.shield(task)
         return worker, time.perf_counter() - t0
+
+    def _load_done(self, name: str) -> Callable[[asyncio.Task[WorkerHandle]], None]:
+        def done(_task: asyncio.Task[WorkerHandle]) -> None:
+            self._loads.pop(name, None)
+
+        return done
 
     async def _load(self, name: str, row: dict[str, Any]) -> WorkerHandle:
         s = self.settings
@@ -302,7 +313,7 @@ class Scheduler:
         return {
             "active_model": self.active_model,
             "loaded": loaded,
-            "loading": sorted(self._loads),
+            "loading": self.loading,
             "requests_in_flight": self.in_flight,
             "capacity": self.capacity,
             "worker_crashes": self.crashes,

@@ -22,7 +22,7 @@ from llmd.models.gguf import read_gguf
 
 
 def _m001_models(db: sqlite_utils.Database) -> None:
-    db["models"].create(
+    db.table("models").create(
         {
             "name": str, "path": str, "format": str, "source": str, "digest": str, "size": int, "mtime": float,
             "arch": str, "n_params": int, "quantization": str, "context_length": int,
@@ -34,13 +34,13 @@ def _m001_models(db: sqlite_utils.Database) -> None:
 
 def _m002_packaged_seen(db: sqlite_utils.Database) -> None:
     # packaged models are added once; a user's `llmd models rm` is not undone at the next start
-    db["packaged_seen"].create({"name": str}, pk="name")
+    db.table("packaged_seen").create({"name": str}, pk="name")
 
 
 def _m003_lineage_and_eval(db: sqlite_utils.Database) -> None:
-    db["models"].add_column("parent", str)  # the model this one was quantized from
-    db["models"].add_column("quant_type", str)
-    db["models"].add_column("eval", str)  # JSON: the last `llmd eval` result
+    db.table("models").add_column("parent", str)  # the model this one was quantized from
+    db.table("models").add_column("quant_type", str)
+    db.table("models").add_column("eval", str)  # JSON: the last `llmd eval` result
 
 
 MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen),
@@ -61,14 +61,14 @@ class Registry:
         self.models_dir = models_dir or db_path.parent / "models"
 
     def sync_packaged(self) -> None:
-        seen = {r["name"] for r in self.db["packaged_seen"].rows}
+        seen = {r["name"] for r in self.db.table("packaged_seen").rows}
         for name, path in find_packaged(self.models_dir).items():
             row = self._row(name)
             if row is None and name in seen:
                 continue  # the user removed it
             if row is None or row["path"] != str(path) or not self._fresh(row):
                 self._register(name, path, "package")
-            self.db["packaged_seen"].upsert({"name": name}, pk="name")
+            self.db.table("packaged_seen").upsert({"name": name}, pk="name")
 
     def add(self, path: Path, name: str | None = None, source: str = "user", **extra: Any) -> dict[str, Any]:
         path = path.expanduser().resolve()
@@ -82,18 +82,18 @@ class Registry:
 
     def set_eval(self, name: str, result: dict[str, Any]) -> None:
         self.get(name)
-        self.db["models"].update(name, {"eval": json.dumps(result)})
+        self.db.table("models").update(name, {"eval": json.dumps(result)})
 
     def remove(self, name: str) -> dict[str, Any]:
         """Unregister; delete the file only if llmd created it (never a user's or a package's file)."""
         row = self.get(name)
-        self.db["models"].delete(name)
+        self.db.table("models").delete(name)
         if row["source"] == "created":
             Path(row["path"]).unlink(missing_ok=True)
         return row
 
     def list(self) -> list[dict[str, Any]]:
-        return list(self.db["models"].rows_where(order_by="name"))
+        return list(self.db.table("models").rows_where(order_by="name"))
 
     def get(self, name: str) -> dict[str, Any]:
         row = self._row(name)
@@ -103,7 +103,7 @@ class Registry:
         return row
 
     def _row(self, name: str) -> dict[str, Any] | None:
-        rows = list(self.db["models"].rows_where("name = ?", [name]))
+        rows = list(self.db.table("models").rows_where("name = ?", [name]))
         return rows[0] if rows else None
 
     @staticmethod
@@ -124,5 +124,5 @@ class Registry:
             "quantization": info.quantization, "context_length": info.context_length,
             "has_chat_template": int(info.chat_template is not None), "added_at": time.time(), **extra,
         }
-        self.db["models"].upsert(row, pk="name")
+        self.db.table("models").upsert(row, pk="name")
         return row

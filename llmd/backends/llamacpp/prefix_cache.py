@@ -34,11 +34,11 @@ MAGIC = b"LLMDKV1\n"
 
 
 def _m001_index(db: sqlite_utils.Database) -> None:
-    db["entries"].create({"id": str, "namespace": str, "n_tokens": int, "size": int, "created_at": float,
+    db.table("entries").create({"id": str, "namespace": str, "n_tokens": int, "size": int, "created_at": float,
                           "last_used": float, "hits": int}, pk="id")
-    db["entries"].create_index(["last_used"])
-    db["blocks"].create({"hash": str, "entry": str, "depth": int}, pk="hash")
-    db["blocks"].create_index(["entry"])
+    db.table("entries").create_index(["last_used"])
+    db.table("blocks").create({"hash": str, "entry": str, "depth": int}, pk="hash")
+    db.table("blocks").create_index(["entry"])
 
 
 MIGRATIONS = [("001_index", _m001_index)]

@@ -188,7 +188,7 @@ async def tray_state(request: Request) -> dict[str, Any]:
         "active_model": scheduler.active_model,
         "models": [m["name"] for m in app.state.registry.list()],
         "loaded": sorted(scheduler.workers),
-        "loading": sorted(scheduler._loads),
+        "loading": scheduler.loading,
         "requests_in_flight": scheduler.in_flight,
         "backend": {"name": choice.backend, "precision": choice.precision} if choice else None,
         "ttft_p50_ms": round(last["ttft_p50"] * 1000, 1) if last else None,

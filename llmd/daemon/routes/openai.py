@@ -91,7 +91,7 @@ def _generation(body: _Common, **what: Any) -> GenerationRequest:
         raise BadRequest("max_tokens and max_completion_tokens differ; send one of them", "max_completion_tokens")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     rf = body.response_format
-    response_format = None
+    response_format: dict[str, Any] | None = None
     if rf is not None and rf.type != "text":
         response_format = {"type": rf.type}
         if rf.type == "json_schema":
