@@ -241,12 +241,14 @@ def cmd_models(args: argparse.Namespace) -> int:
         if args.json:
             return _print_json(m)
         est = m["memory_estimate"]
-        g = m["gguf"]
-        print(f"{m['name']}: {g['arch']}, {g['n_params'] / 1e6:.0f}M parameters, {g['quantization']}, "
-              f"context {g['context_length']}, chat template: {'yes' if g['has_chat_template'] else 'no'}")
-        print(f"  file: {m['path']} ({_mib(m['size'])}, {m['digest']})")
-        print(f"  memory to load: {_mib(est['total'])} = weights {_mib(est['weights'])} + KV cache {_mib(est['kv'])} "
-              f"({est['n_slots']} slots x {est['n_ctx']} tokens) + compute {_mib(est['compute'])}")
+        print(f"{m['name']}: {m['arch']}, {m['n_params'] / 1e6:.0f}M parameters, {m['quantization']} ({m['format']}), "
+              f"context {m['context_length']}, chat template: {'yes' if m['has_chat_template'] else 'no'}")
+        print(f"  {'file' if m['format'] == 'gguf' else 'folder'}: {m['path']} ({_mib(m['size'])}, {m['digest']})")
+        if m.get("hf_path") and m["format"] == "gguf":
+            print(f"  also a checkpoint for TensorRT-LLM: {m['hf_path']}")
+        if est:
+            print(f"  memory to load: {_mib(est['total'])} = weights {_mib(est['weights'])} + KV cache "
+                  f"{_mib(est['kv'])} ({est['n_slots']} slots x {est['n_ctx']} tokens) + compute {_mib(est['compute'])}")
         if m.get("parent"):
             print(f"  quantized from {m['parent']} to {m['quant_type']}")
         if m.get("eval"):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -14,6 +16,20 @@ import httpx
 import pytest
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+
+def hf_folder(root: Path) -> Path:
+    """A tiny Hugging Face checkpoint folder: config, tokenizer config, one safetensors shard."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 8192,
+                                                  "torch_dtype": "bfloat16",
+                                                  "quantization_config": {"quant_method": "fp8"}}))
+    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    header = json.dumps({"a.weight": {"dtype": "F8_E4M3", "shape": [4, 8], "data_offsets": [0, 32]},
+                         "b.weight": {"dtype": "BF16", "shape": [8], "data_offsets": [32, 48]}}).encode()
+    (root / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(48))
+    return root
+
 
 
 @pytest.fixture(autouse=True)

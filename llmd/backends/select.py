@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 VRAM_HEADROOM = 0.9  # leave room for the desktop and the CUDA context
@@ -119,6 +120,10 @@ def choose(probe: Probe, model: ModelFormats, override: str | None = None) -> Ch
     else:
         rejected.append(("tensorrt", trt_why_not or "not applicable"))
 
+    if not model.gguf and override != "tensorrt":
+        return Choice("none", "-", reasons=("this model is only a Hugging Face checkpoint or a TensorRT-LLM engine, "
+                                            "and TensorRT-LLM cannot run here; add a GGUF of it for llama.cpp",),
+                      rejected=tuple(rejected))
     # llama.cpp with as many layers on the GPU as fit
     layers, reasons = 0, ["llama.cpp with a GGUF model runs everywhere"]
     if gpu is not None and probe.llama_gpu_offload and model.n_layer:
@@ -243,10 +248,15 @@ def formats_of(row: dict[str, Any], n_ctx: int, n_slots: int) -> ModelFormats:
     from llmd.models.gguf import read_gguf
     from llmd.models.memory import estimate
 
+    fmt = row.get("format", "gguf")
+    folder = row.get("hf_path")
+    engine = fmt == "engine" or bool(folder and list(Path(folder).glob("*.engine")))
+    hf = bool(folder) and not engine
+    if fmt != "gguf":
+        return ModelFormats(gguf=False, hf_checkpoint=hf, trt_engine=engine)
     info = read_gguf(row["path"])
     est = estimate(info, n_ctx, n_slots)
-    extra = row.get("formats") or ""
-    return ModelFormats(gguf=True, hf_checkpoint="hf" in extra, trt_engine="engine" in extra,
+    return ModelFormats(gguf=True, hf_checkpoint=hf, trt_engine=engine,
                         n_layer=info.n_layer, weights_bytes=est.weights, kv_bytes=est.kv)
 
 

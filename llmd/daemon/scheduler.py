@@ -18,7 +18,7 @@ from llmd.backends.base import EngineConfig, ErrorEvent, Event, FinalEvent, Gene
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
 from llmd.config import Settings, parse_duration
-from llmd.errors import BadRequest, Overloaded, from_wire
+from llmd.errors import BadRequest, EngineError, Overloaded, from_wire
 from llmd.models.gguf import read_gguf
 from llmd.models.memory import check_fit
 from llmd.models.registry import Registry
@@ -109,11 +109,14 @@ class Scheduler:
 
     async def _load(self, name: str, row: dict[str, Any]) -> WorkerHandle:
         s = self.settings
-        # refuse before anything is allocated; other loaded models count as used memory already
-        estimate = check_fit(name, read_gguf(row["path"]), s.ctx, s.slots)
         choice = self.choice_for(name, row)
+        if choice.backend == "none":
+            raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
+        # refuse before anything is allocated; other loaded models count as used memory already
+        estimate = check_fit(name, read_gguf(row["path"]), s.ctx, s.slots) if row["format"] == "gguf" else None
         gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
-        cfg = EngineConfig(model_path=row["path"], model_name=name, n_ctx=s.ctx, n_slots=s.slots,
+        model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
+        cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=s.ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=s.threads, gpu_layers=gpu_layers, model_digest=row["digest"],
                            precision=choice.precision,
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
@@ -124,7 +127,7 @@ class Scheduler:
         except BaseException:
             await asyncio.to_thread(worker.shutdown)
             raise
-        worker.info["memory_estimate"] = estimate.as_dict()
+        worker.info["memory_estimate"] = estimate.as_dict() if estimate else {}
         self.workers[name] = worker
         self._keep.setdefault(name, self.keep_alive)
         self._last_used[name] = time.monotonic()

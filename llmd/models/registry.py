@@ -18,6 +18,7 @@ import sqlite_utils
 from llmd.db import open_db
 from llmd.errors import BadRequest, ModelNotFound
 from llmd.models.catalog import find_packaged
+from llmd.models.checkpoint import read_checkpoint
 from llmd.models.gguf import read_gguf
 
 
@@ -43,8 +44,12 @@ def _m003_lineage_and_eval(db: sqlite_utils.Database) -> None:
     db.table("models").add_column("eval", str)  # JSON: the last `llmd eval` result
 
 
+def _m004_checkpoint(db: sqlite_utils.Database) -> None:
+    db.table("models").add_column("hf_path", str)  # a HF checkpoint or engine folder beside the GGUF
+
+
 MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen),
-              ("003_lineage_and_eval", _m003_lineage_and_eval)]
+              ("003_lineage_and_eval", _m003_lineage_and_eval), ("004_checkpoint", _m004_checkpoint)]
 
 
 def file_digest(path: Path) -> str:
@@ -71,8 +76,23 @@ class Registry:
             self.db.table("packaged_seen").upsert({"name": name}, pk="name")
 
     def add(self, path: Path, name: str | None = None, source: str = "user", **extra: Any) -> dict[str, Any]:
+        """Register a GGUF file, or a model folder (HF checkpoint or TensorRT-LLM engine). A folder
+        added under the name of a registered GGUF model is attached to it: the model then has both
+        formats, and the backend choice can use either."""
         path = path.expanduser().resolve()
         name = name or path.stem.lower()
+        if path.is_dir():
+            ck = read_checkpoint(path)  # validates before anything is written
+            row = self._row(name)
+            if row is not None and row["format"] == "gguf":
+                self.db.table("models").update(name, {"hf_path": str(path)})
+                return self.get(name)
+            self.check_free(name)
+            st = path.stat()
+            new = {"name": name, "path": str(path), "source": source, "mtime": st.st_mtime, "added_at": time.time(),
+                   "hf_path": str(path), **ck.row(), **extra}
+            self.db.table("models").insert(new)
+            return self.get(name)
         self.check_free(name)
         return self._register(name, path, source, **extra)
 
@@ -108,6 +128,8 @@ class Registry:
 
     @staticmethod
     def _fresh(row: dict[str, Any]) -> bool:
+        if row.get("format", "gguf") != "gguf":
+            return True
         p = Path(row["path"])
         try:
             st = p.stat()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon
+from conftest import Daemon, hf_folder
 
 from llmd.models.catalog import find_packaged
 
@@ -243,3 +243,15 @@ def test_tensorrt_override_without_tensorrt_llm_is_a_clear_error(tmp_path: Path)
         assert "tensorrt_llm is not installed" in r.json()["error"]["message"]
     finally:
         d.stop()
+
+
+def test_checkpoint_folder_registers_and_explains_why_it_cannot_run_here(two: Daemon, tmp_path: Path):
+    folder = hf_folder(tmp_path / "llama-fp8")
+    r = llmd(two, "models", "add", str(folder), "--name", "llama-fp8")
+    assert r.returncode == 0, r.stderr
+    out = llmd(two, "models", "show", "llama-fp8").stdout
+    assert "(hf)" in out and "FP8" in out
+    r = httpx.post(two.url + "/v1/chat/completions", timeout=60, json={
+        "model": "llama-fp8", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 500 and "TensorRT-LLM cannot run here" in r.json()["error"]["message"]
+    assert llmd(two, "models", "rm", "llama-fp8").returncode == 0 and folder.exists()

@@ -71,9 +71,12 @@ async def status(request: Request) -> Response:
 def _describe(request: Request, row: dict[str, Any]) -> dict[str, Any]:
     s = request.app.state.settings
     scheduler = request.app.state.scheduler
-    info = read_gguf(row["path"])
-    return {**row, "gguf": info.summary(), "memory_estimate": estimate(info, s.ctx, s.slots).as_dict(),
-            "loaded": row["name"] in scheduler.workers, "active": row["name"] == scheduler.active_model}
+    out = {**row, "gguf": None, "memory_estimate": None,
+           "loaded": row["name"] in scheduler.workers, "active": row["name"] == scheduler.active_model}
+    if row["format"] == "gguf":
+        info = read_gguf(row["path"])
+        out.update(gguf=info.summary(), memory_estimate=estimate(info, s.ctx, s.slots).as_dict())
+    return out
 
 
 async def list_models(request: Request) -> Response:

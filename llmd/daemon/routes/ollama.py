@@ -245,13 +245,14 @@ async def show(request: Request) -> Response:
     m = request.app.state.registry.get(name)
     from llmd.models.gguf import read_gguf
 
-    info = read_gguf(m["path"])
-    model_info = {k: v for k, v in info.metadata.items() if not isinstance(v, list) and k != "tokenizer.chat_template"}
-    model_info["general.parameter_count"] = info.n_params
+    info = read_gguf(m["path"]) if m["format"] == "gguf" else None
+    meta = info.metadata if info else {"general.architecture": m["arch"]}
+    model_info = {k: v for k, v in meta.items() if not isinstance(v, list) and k != "tokenizer.chat_template"}
+    model_info["general.parameter_count"] = m["n_params"]
     return JSONResponse({
         "modelfile": f"FROM {m['path']}\n",
         "parameters": "",
-        "template": info.chat_template or "",
+        "template": (info.chat_template if info else None) or "",
         "details": _details(m),
         "model_info": model_info,
         "capabilities": ["completion"],
