@@ -58,6 +58,17 @@ def start_llmd(env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str
     raise RuntimeError("llmd did not load its model in 180 s")
 
 
+def wait_idle(url: str, timeout: float = 60.0) -> None:
+    """Wait until llmd's engines have no idle work left (re-prefilling a reply, saving a prefix):
+    it uses the CPU, and a peer measured meanwhile would be slowed by it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        loaded = httpx.get(url + "/llmd/status", timeout=10).json()["loaded"]
+        if not any((m.get("stats") or {}).get("idle_work") for m in loaded):
+            return
+        time.sleep(0.2)
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:

@@ -18,7 +18,7 @@ import uuid
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Sample, free_port, start_llmd, stop, stream_openai_chat, wait_http  # noqa: E402
+from _harness import Sample, free_port, start_llmd, stop, stream_openai_chat, wait_http, wait_idle  # noqa: E402
 
 from llmd.models.catalog import find_packaged  # noqa: E402
 
@@ -52,29 +52,35 @@ def main() -> None:
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
-    systems: dict[str, tuple[str, subprocess.Popen]] = {}
-    proc, url, _ = start_llmd({"LLMD_SLOTS": str(max(levels)), "LLMD_CTX": "1024"})
-    systems["llmd (batched)"] = (url, proc)
-    proc, url, _ = start_llmd({"LLMD_SLOTS": "1", "LLMD_CTX": "1024"})
-    systems["llmd, 1 slot (serial)"] = (url, proc)
-    if not args.no_server and importlib.util.find_spec("sse_starlette") is not None:
+    # one system at a time: two llama.cpp processes with busy-waiting threads on the same cores
+    # would slow each other down and say nothing about either
+    def start_llama_cpp_python() -> tuple[str, subprocess.Popen]:
         port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(find_packaged()["smollm2-135m"]),
              "--port", str(port), "--n_ctx", "4096", "--flash_attn", "true", "--interrupt_requests", "False",
              "--verbose", "false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_http(f"http://127.0.0.1:{port}/v1/models", server)
-        systems["llama-cpp-python server"] = (f"http://127.0.0.1:{port}", server)
+        return f"http://127.0.0.1:{port}", server
 
+    starters = {
+        "llmd (batched)": lambda: start_llmd({"LLMD_SLOTS": str(max(levels)), "LLMD_CTX": "1024"})[:2],
+        "llmd, 1 slot (serial)": lambda: start_llmd({"LLMD_SLOTS": "1", "LLMD_CTX": "1024"})[:2],
+    }
+    if not args.no_server and importlib.util.find_spec("sse_starlette") is not None:
+        starters["llama-cpp-python server"] = start_llama_cpp_python
+    systems = list(starters)
     results: dict[tuple[str, int], tuple[float, float, float]] = {}
-    try:
-        for url, _ in systems.values():  # warm-up
+    for name, start in starters.items():
+        proc, url = start()
+        is_llmd = name.startswith("llmd")
+        try:
             stream_openai_chat(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-        for n in levels:
-            for name, (url, _) in systems.items():
+            for n in levels:
+                if is_llmd:
+                    wait_idle(url)
                 results[(name, n)] = run_level(url, n, args.tokens)
-    finally:
-        for _, proc in systems.values():
+        finally:
             stop(proc)
 
     print(f"\nSmolLM2-135M Q4_1, {args.tokens} tokens per client, greedy, each client its own prompt")

@@ -21,7 +21,17 @@ import uuid
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Sample, free_port, from_times, med, start_llmd, stop, stream_openai_chat, wait_http  # noqa: E402
+from _harness import (  # noqa: E402
+    Sample,
+    free_port,
+    from_times,
+    med,
+    start_llmd,
+    stop,
+    stream_openai_chat,
+    wait_http,
+    wait_idle,
+)
 
 from llmd.models.catalog import find_packaged  # noqa: E402
 
@@ -84,12 +94,14 @@ def main() -> None:
     try:
         # one warm-up each, not counted
         stream_openai_chat(llmd_url, {"messages": messages(-1), "max_tokens": 8, "temperature": 0}, client)
+        wait_idle(llmd_url)
         run_inprocess(llm, messages(-1), 8)
         if server:
             stream_openai_chat(server_url, {"messages": messages(-1), "max_tokens": 8, "temperature": 0}, client)
         for i in range(args.runs):
             body = {"messages": messages(i), "max_tokens": args.tokens, "temperature": 0}
             results["llmd"].append(stream_openai_chat(llmd_url, body, client))
+            wait_idle(llmd_url)  # llmd's background re-prefill must not slow the next system down
             llm.reset()
             results["in-process"].append(run_inprocess(llm, body["messages"], args.tokens))
             if server:

@@ -20,6 +20,7 @@ def open_db(path: Path, migrations: Sequence[Migration]) -> sqlite_utils.Databas
     if new:
         os.chmod(path, 0o600)
     db.enable_wal()
+    db.execute("PRAGMA synchronous = NORMAL")  # WAL: durable at checkpoints, no fsync per commit
     db.execute("PRAGMA busy_timeout = 5000")
     names = [name for name, _ in migrations]
     if len(set(names)) != len(names):

@@ -7,10 +7,11 @@ warning: it cannot gain back accuracy the source lost.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,12 +87,24 @@ def quantize(p: Plan, progress: Callable[[float], None] | None = None, threads: 
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    t0 = time.perf_counter()
-    try:
-        rc = L.llama_model_quantize(str(p.src).encode(), str(tmp).encode(), params)
-    finally:
-        done.set()
-        watcher.join()
+    # llama.cpp writes a line per tensor it cannot quantize as asked straight to stderr; keep
+    # them out of the terminal and report how many there were
+    with tempfile.TemporaryFile() as err:
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            rc = L.llama_model_quantize(str(p.src).encode(), str(tmp).encode(), params)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            done.set()
+            watcher.join()
+        err.seek(0)
+        fallbacks = sum(1 for line in err.read().decode(errors="replace").splitlines() if "falling back" in line)
+    if fallbacks:
+        logging.getLogger("llmd.quantize").warning(
+            "%d tensors could not use %s (their rows are not a multiple of its block size) and used a "
+            "nearby type instead", fallbacks, p.qtype)
     if rc != 0:
         tmp.unlink(missing_ok=True)
         raise QuantizeError(f"llama.cpp could not quantize {p.src.name} to {p.qtype} (code {rc})", "type")
@@ -99,5 +112,4 @@ def quantize(p: Plan, progress: Callable[[float], None] | None = None, threads: 
     os.replace(tmp, p.dst)
     if progress is not None:
         progress(1.0)
-    del t0
     return p.dst

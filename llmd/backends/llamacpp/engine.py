@@ -187,6 +187,7 @@ class LlamaCppEngine:
             "waiting": len(self.waiting),
             "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
             "requests_done": self.requests_done,
+            "idle_work": self._idle_slot() is not None,  # re-prefill or a prefix save still to do
             "prefix_cache": dict(self.prefix_stats, enabled=self.prefix is not None),
             "profile": self.profiler.summary(),
         }
