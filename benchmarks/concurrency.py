@@ -54,14 +54,14 @@ def main() -> None:
 
     # one system at a time: two llama.cpp processes with busy-waiting threads on the same cores
     # would slow each other down and say nothing about either
-    def start_llama_cpp_python() -> tuple[str, subprocess.Popen]:
+    def start_llama_cpp_python() -> tuple[subprocess.Popen, str]:
         port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(find_packaged()["smollm2-135m"]),
              "--port", str(port), "--n_ctx", "4096", "--flash_attn", "true", "--interrupt_requests", "False",
              "--verbose", "false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_http(f"http://127.0.0.1:{port}/v1/models", server)
-        return f"http://127.0.0.1:{port}", server
+        return server, f"http://127.0.0.1:{port}"
 
     starters = {
         "llmd (batched)": lambda: start_llmd({"LLMD_SLOTS": str(max(levels)), "LLMD_CTX": "1024"})[:2],
