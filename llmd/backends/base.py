@@ -41,6 +41,7 @@ class GenerationRequest:
     ctx_limit: int | None = None  # a per-request context bound below the slot's (Ollama num_ctx)
     raw: bool = False  # prompt is already templated (Ollama raw, /v1/completions)
     cache_prompt: bool = True  # reuse a cached prefix (off: compute the whole prompt)
+    speculation: str = "off"  # "off" | "ngram" (prompt lookup); "auto" means off until adaptive k lands
 
 
 @dataclass(frozen=True)

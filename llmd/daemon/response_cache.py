@@ -65,6 +65,7 @@ def cache_key(req: GenerationRequest, model: dict[str, Any], engine: str) -> str
         "stop": list(req.stop),
         "response_format": req.response_format,
         "ctx_limit": req.ctx_limit,
+        "speculation": req.speculation,  # batched verification can flip a near-tie: keep them apart
     }
     blob = json.dumps(what, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()

@@ -28,6 +28,7 @@ from llmd.backends.base import (
     Usage,
 )
 from llmd.backends.llamacpp.chat_template import ChatTemplate
+from llmd.backends.llamacpp.drafters import NgramDrafter
 from llmd.backends.llamacpp.prefix_cache import PrefixStore, PrefixWriter, block_hashes, namespace
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for
 from llmd.backends.llamacpp.slots import Active, Slot
@@ -55,7 +56,7 @@ def _physical_cores() -> int:
 
 class LlamaCppEngine:
     name = "llama.cpp"
-    supports_speculation = False
+    supports_speculation = True
     supports_prefix_cache = True
     precisions = ("gguf",)
 
@@ -124,6 +125,8 @@ class LlamaCppEngine:
         self._step_times: deque[float] = deque(maxlen=256)
         self.requests_done = 0
         self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
+        self._cost: dict[int, float] = {}  # draft length -> seconds to verify it, measured when idle
+        self._want_cost = False
         self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
         self.prefix: PrefixStore | None = None
@@ -177,7 +180,11 @@ class LlamaCppEngine:
                 slot.active.cancelled = True
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(s.active for s in self.slots) or self._idle_slot() is not None
+        return (bool(self.waiting) or any(s.active for s in self.slots) or self._idle_slot() is not None
+                or self._cost_pending())
+
+    def _cost_pending(self) -> bool:
+        return self._want_cost and not self._cost and not self.waiting and all(s.active is None for s in self.slots)
 
     def stats(self) -> dict[str, Any]:
         times = sorted(self._step_times)
@@ -187,7 +194,8 @@ class LlamaCppEngine:
             "waiting": len(self.waiting),
             "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
             "requests_done": self.requests_done,
-            "idle_work": self._idle_slot() is not None,  # re-prefill or a prefix save still to do
+            "idle_work": self._idle_slot() is not None or self._cost_pending(),  # still to do when idle
+            "verify_cost_ms": {k: round(v * 1000, 2) for k, v in self._cost.items()},
             "prefix_cache": dict(self.prefix_stats, enabled=self.prefix is not None),
             "profile": self.profiler.summary(),
         }
@@ -221,6 +229,8 @@ class LlamaCppEngine:
             slot = self._idle_slot()
             if slot is not None and not self.waiting:
                 self._reprefill_chunk(slot)
+            elif self._cost_pending():
+                self._measure_cost()
         else:
             self._step_times.append(time.perf_counter() - t0)
         return events
@@ -288,8 +298,14 @@ class LlamaCppEngine:
                 "max_tokens",
             )
         max_tokens = req.max_tokens if req.max_tokens is not None else room
+        if req.speculation == "draft":
+            raise BadRequest("speculation 'draft' (a draft model) is not available yet; use 'ngram' or 'off'",
+                             "speculation")
         sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar_for(req.response_format))
-        return Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received)
+        active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received)
+        if req.speculation == "ngram":
+            active.drafter = NgramDrafter()
+        return active
 
     def _prefill_chunk(self, slot: Slot, events: list[Event]) -> None:
         a = slot.active
@@ -311,28 +327,108 @@ class LlamaCppEngine:
             self._sample(slot, end - start - 1, events)
 
     def _decode(self, slots: list[Slot], events: list[Event]) -> None:
+        """One batch: each decoding slot's pending token, plus its drafts when it speculates.
+        Every emitted token is the target's own sample from these logits; a draft is kept only
+        while it equals that sample, and the KV of rejected drafts is removed."""
         b = self.batch
         prof = self.profiler
+        plan: list[tuple[Slot, int, list[int]]] = []
         with prof.span("batch_build"):
-            for i, slot in enumerate(slots):
+            n = 0
+            for slot in slots:
                 a = slot.active
                 assert a is not None and a.pending is not None
-                self._put(i, a.pending, len(slot.tokens), slot.seq, True)
-            b.n_tokens = len(slots)
+                drafts = self._drafts(slot, a) if a.drafter is not None else []
+                pos = len(slot.tokens)
+                for j, t in enumerate([a.pending, *drafts]):
+                    self._put(n + j, t, pos + j, slot.seq, True)
+                plan.append((slot, n, drafts))
+                n += 1 + len(drafts)
+            b.n_tokens = n
         with prof.span("decode"):
             rc = self._L.llama_decode(self.ctx, b)
         if rc != 0:
             for slot in slots:
                 self._fail(slot, events, f"llama_decode returned {rc} while decoding")
             return
-        for i, slot in enumerate(slots):
+        for slot, row, drafts in plan:
             a = slot.active
             assert a is not None and a.pending is not None
             slot.tokens.append(a.pending)
             a.pending = None
-            self._sample(slot, i, events)
+            accepted = 0
+            a.drafted += len(drafts)  # counted before sampling: the last sample may finish the reply
+            for j in range(len(drafts) + 1):
+                if j > 0:
+                    a.accepted += 1
+                if not self._sample(slot, row + j, events):
+                    break
+                if j < len(drafts) and a.pending == drafts[j]:
+                    slot.tokens.append(drafts[j])  # its KV is already in place
+                    a.pending = None
+                    accepted += 1
+                    continue
+                break
+            if drafts:
+                self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
+                a.accept_ema = 0.7 * a.accept_ema + 0.3 * accepted / len(drafts)
 
-    def _sample(self, slot: Slot, row: int, events: list[Event]) -> None:
+    def _drafts(self, slot: Slot, a: Active) -> list[int]:
+        assert a.drafter is not None and a.pending is not None
+        room = min(a.max_tokens - a.n_gen - 1, min(self.cfg.n_ctx, a.req.ctx_limit or self.cfg.n_ctx)
+                   - len(slot.tokens) - 2)
+        k = self._best_k(a.accept_ema)
+        if k == 0:  # not paying now; still probe with one draft now and then, so the estimate can recover
+            a.steps_without_draft += 1
+            if a.steps_without_draft < 8:
+                return []
+            k = 1
+        a.steps_without_draft = 0
+        k = min(k, room)
+        return a.drafter.propose([*slot.tokens, a.pending], k) if k > 0 else []
+
+    def _best_k(self, p: float) -> int:
+        """The draft length with the most expected tokens per second: verifying k drafts costs
+        t(k) (measured once on this machine) and yields 1 + p + ... + p^k tokens on average."""
+        cost = self._verify_cost()
+        return max(cost, key=lambda k: sum(p**i for i in range(k + 1)) / cost[k])
+
+    def _verify_cost(self) -> dict[int, float]:
+        """Measured costs once the engine has been idle after its first speculating request; until
+        then assume verifying k drafts costs k+1 single decodes (so only probes draft)."""
+        if not self._cost:
+            self._want_cost = True
+            return {k: float(k + 1) for k in (0, 1, 2, 4, 8)}
+        return self._cost
+
+    def _measure_cost(self) -> None:
+        if True:
+            L = self._L
+            scratch = self.slots[-1]
+            seq = scratch.seq  # its cached prefix is given up once, for this measurement
+            L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            scratch.tokens.clear()
+            scratch.tail.clear()
+            scratch.exact = scratch.saved = 0
+            base = [self.bos if self.bos >= 0 else 0] * 64
+            self._run(scratch, base, 0, logits_last=False)
+            for k in (0, 1, 2, 4, 8):
+                best = float("inf")
+                for _ in range(3):
+                    for j in range(k + 1):
+                        self._put(j, base[j], 64 + j, seq, True)
+                    self.batch.n_tokens = k + 1
+                    t0 = time.perf_counter()
+                    L.llama_decode(self.ctx, self.batch)
+                    best = min(best, time.perf_counter() - t0)
+                    L.llama_memory_seq_rm(self.mem, seq, 64, -1)
+                self._cost[k] = best
+            L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            log.info("verification cost by draft length (ms): %s",
+                     {k: round(v * 1000, 1) for k, v in self._cost.items()})
+
+    def _sample(self, slot: Slot, row: int, events: list[Event]) -> bool:
+        """Sample, emit and account one token; True when the request goes on (token pending)."""
         a = slot.active
         assert a is not None
         with self.profiler.span("sample"):
@@ -345,17 +441,19 @@ class LlamaCppEngine:
         if self._L.llama_vocab_is_eog(self.vocab, token):
             a.n_gen -= 1  # the end-of-generation token is not part of the reply
             self._finish(slot, "stop", events)
-            return
+            return False
         with self.profiler.span("detokenize"):
             text, stopped = a.text.push(self._piece(token))
         if text:
             events.append(TokenEvent(a.req.id, text, 1))
         if stopped:
             self._finish(slot, "stop", events, flush=False)
-        elif a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= min(self.cfg.n_ctx, a.req.ctx_limit or self.cfg.n_ctx):
+            return False
+        if a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= min(self.cfg.n_ctx, a.req.ctx_limit or self.cfg.n_ctx):
             self._finish(slot, "length", events)
-        else:
-            a.pending = token
+            return False
+        a.pending = token
+        return True
 
     def _finish(self, slot: Slot, reason: str, events: list[Event], flush: bool = True) -> None:
         a = slot.active
@@ -373,6 +471,8 @@ class LlamaCppEngine:
             prefill_s=(a.t_prefill_done - a.t_received) if a.t_prefill_done else 0.0,
             decode_s=(t_end - a.t_first) if a.t_first else 0.0,
             queue_s=(a.t_admitted - a.t_received) if a.t_admitted else 0.0,
+            drafted_tokens=a.drafted,
+            accepted_tokens=a.accepted,
         )
         events.append(FinalEvent(a.req.id, reason, usage))
         a.sampler.close()

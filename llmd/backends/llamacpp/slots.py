@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from llmd.backends.base import GenerationRequest
+from llmd.backends.llamacpp.drafters import NgramDrafter
 from llmd.backends.llamacpp.sampler import SamplerChain
 from llmd.backends.llamacpp.text import TextStream
 
@@ -34,6 +35,11 @@ class Active:
     t_last: float = 0.0
     t_prefill_done: float = 0.0
     cancelled: bool = False
+    drafter: NgramDrafter | None = None
+    accept_ema: float = 0.8  # recent share of drafted tokens the target accepted
+    steps_without_draft: int = 0
+    drafted: int = 0
+    accepted: int = 0
 
     @property
     def prefilling(self) -> bool:

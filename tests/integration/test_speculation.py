@@ -1,0 +1,65 @@
+"""n-gram speculation (prompt lookup) through the API: exact on short contexts, counted in usage."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+NO_STORE = {"Cache-Control": "no-store"}
+CODE = '''def merge(a, b):
+    out = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            out.append(a[i]); i += 1
+        else:
+            out.append(b[j]); j += 1
+    return out + a[i:] + b[j:]
+'''
+PROMPTS = [
+    "Repeat this code exactly:\n" + CODE,
+    "Summarize in one sentence: The lighthouse was lit in 1821 and automated in 1965.",
+    "Tell me about cats.",
+    "Reply with a JSON object with the keys name and age of a dog.",
+]
+
+
+def chat(http: httpx.Client, content: str, **kw) -> dict:
+    r = http.post("/v1/chat/completions", headers=NO_STORE, json={
+        "messages": [{"role": "user", "content": content}], "max_tokens": 60, "temperature": 0, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_ngram_greedy_equals_off_on_short_contexts(http: httpx.Client, prompt: str):
+    off = chat(http, prompt, speculation="off")
+    ngram = chat(http, prompt, speculation="ngram")
+    assert ngram["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"]
+    details = ngram["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] >= 0 and details["rejected_prediction_tokens"] >= 0
+    assert off["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0
+
+
+def test_copying_drafts_and_accepts(http: httpx.Client):
+    r = chat(http, PROMPTS[0], speculation="ngram", max_tokens=120)
+    d = r["usage"]["completion_tokens_details"]
+    assert d["accepted_prediction_tokens"] + d["rejected_prediction_tokens"] > 0  # it drafted
+    assert d["accepted_prediction_tokens"] > 0
+
+
+def test_seeded_sampling_is_the_same_with_ngram(http: httpx.Client):
+    kw = {"temperature": 0.8, "seed": 11, "max_tokens": 60}
+    a = chat(http, "Write a short poem about the sea.", speculation="off", **kw)
+    b = chat(http, "Write a short poem about the sea.", speculation="ngram", **kw)
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+def test_draft_model_mode_is_refused_for_now(http: httpx.Client):
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                "speculation": "draft"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "speculation"
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                "speculation": "fast"})
+    assert r.status_code == 400
