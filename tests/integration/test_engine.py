@@ -69,9 +69,9 @@ def test_client_disconnect_frees_the_slot(daemon, http: httpx.Client):
     with daemon.client() as c, c.stream("POST", "/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "Write a very long essay about rivers."}],
             "max_tokens": 2000, "temperature": 0, "stream": True}) as r:
-        for i, _line in enumerate(r.iter_lines()):
-            if i > 5:
-                break
+        lines = r.iter_lines()  # kept referenced: a dropped iterator would close the response early
+        for _ in range(6):
+            next(lines)
         status = http.get("/llmd/status").json()
         assert status["loaded"][0]["stats"]["slots_busy"] == 1, json.dumps(status["loaded"])
     deadline = time.monotonic() + 10
