@@ -402,30 +402,30 @@ class LlamaCppEngine:
         return self._cost
 
     def _measure_cost(self) -> None:
-        if True:
-            L = self._L
-            scratch = self.slots[-1]
-            seq = scratch.seq  # its cached prefix is given up once, for this measurement
-            L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-            scratch.tokens.clear()
-            scratch.tail.clear()
-            scratch.exact = scratch.saved = 0
-            base = [self.bos if self.bos >= 0 else 0] * 64
-            self._run(scratch, base, 0, logits_last=False)
-            for k in (0, 1, 2, 4, 8):
-                best = float("inf")
-                for _ in range(3):
-                    for j in range(k + 1):
-                        self._put(j, base[j], 64 + j, seq, True)
-                    self.batch.n_tokens = k + 1
-                    t0 = time.perf_counter()
-                    L.llama_decode(self.ctx, self.batch)
-                    best = min(best, time.perf_counter() - t0)
-                    L.llama_memory_seq_rm(self.mem, seq, 64, -1)
-                self._cost[k] = best
-            L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-            log.info("verification cost by draft length (ms): %s",
-                     {k: round(v * 1000, 1) for k, v in self._cost.items()})
+        """Time verifying k drafts on this machine, in an idle slot (when every slot is free)."""
+        L = self._L
+        scratch = self.slots[-1]
+        seq = scratch.seq  # its cached prefix is given up once, for this measurement
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        scratch.tokens.clear()
+        scratch.tail.clear()
+        scratch.exact = scratch.saved = 0
+        base = [self.bos if self.bos >= 0 else 0] * 64
+        self._run(scratch, base, 0, logits_last=False)
+        for k in (0, 1, 2, 4, 8):
+            best = float("inf")
+            for _ in range(3):
+                for j in range(k + 1):
+                    self._put(j, base[j], 64 + j, seq, True)
+                self.batch.n_tokens = k + 1
+                t0 = time.perf_counter()
+                L.llama_decode(self.ctx, self.batch)
+                best = min(best, time.perf_counter() - t0)
+                L.llama_memory_seq_rm(self.mem, seq, 64, -1)
+            self._cost[k] = best
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        log.info("verification cost by draft length (ms): %s",
+                 {k: round(v * 1000, 1) for k, v in self._cost.items()})
 
     def _sample(self, slot: Slot, row: int, events: list[Event]) -> bool:
         """Sample, emit and account one token; True when the request goes on (token pending)."""
