@@ -173,13 +173,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     console.print(f"active model: {status['active_model']}; requests running or queued: "
                   f"{status['requests_in_flight']} (limit {status['capacity']}); "
                   f"memory available: {_mib(status['memory_available'])}")
-    table = Table("model", "pid", "memory", "slots busy", "queued", "ctx/slot", "step ms", "unloads")
+    console.print(f"speculation for requests that name none: {status.get('speculation', '?')}")
+    table = Table("model", "pid", "memory", "slots busy", "queued", "ctx/slot", "step ms", "draft model",
+                  "accepted (ngram / draft)", "unloads")
     for m in status["loaded"]:
         st = m.get("stats") or {}
         exp = m.get("expires_at")
         table.add_row(m["name"], str(m["pid"]), _mib(m.get("memory_estimate", {}).get("total")),
                       f"{st.get('slots_busy', '?')}/{st.get('slots', '?')}", str(st.get("waiting", "?")),
-                      str(m.get("n_ctx")), str(st.get("step_ms_p50")),
+                      str(m.get("n_ctx")), str(st.get("step_ms_p50")), m.get("draft") or "-",
+                      _acceptance(st.get("speculation") or {}),
                       "never" if exp is None else f"in {max(0, exp - time.time()):.0f}s")
     console.print(table if status["loaded"] else "no model loaded")
     if args.verbose:
@@ -193,6 +196,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                 if name != "enabled":
                     console.print(f"  {name:12} {p['count']:8d} x {p['mean_ms']:8.3f} ms = {p['total_s']:.2f} s")
     return 0
+
+
+def _acceptance(spec: dict[str, Any]) -> str:
+    """'87% of 94 / -': accepted share of drafted tokens per drafter since the model loaded."""
+    parts = []
+    for kind in ("ngram", "draft"):
+        k = spec.get(kind) or {}
+        parts.append(f"{k['accepted'] / k['drafted']:.0%} of {k['drafted']}" if k.get("drafted") else "-")
+    return " / ".join(parts)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -249,6 +261,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         if est:
             print(f"  memory to load: {_mib(est['total'])} = weights {_mib(est['weights'])} + KV cache "
                   f"{_mib(est['kv'])} ({est['n_slots']} slots x {est['n_ctx']} tokens) + compute {_mib(est['compute'])}")
+        if m.get("draft"):
+            print(f"  draft model for speculation: {m['draft']}")
         if m.get("parent"):
             print(f"  quantized from {m['parent']} to {m['quant_type']}")
         if m.get("eval"):
@@ -263,12 +277,20 @@ def cmd_models(args: argparse.Namespace) -> int:
         m = client.add_model(os.path.abspath(args.name), args.as_name)
         print(f"added {m['name']}: {m['arch']}, {m['quantization']}, {_mib(m['size'])}")
         return 0
+    if action == "pair":
+        if not args.draft and not args.none:
+            print("llmd: `llmd models pair TARGET DRAFT` needs a draft model (or --none to unpair)", file=sys.stderr)
+            return 2
+        r = client.pair(args.name, None if args.none else args.draft)
+        what = f"{r['draft']} drafts for {r['model']}" if r["draft"] else f"{r['model']} has no draft model"
+        print(what + ("; it reloads with the next request" if r["reloads"] else ""))
+        return 0
     if action == "rm":
         r = client.remove_model(args.name)
         print(f"removed {r['removed']}" + (" and deleted the file llmd had made" if r["deleted_file"] else
                                             " (its file was left in place)"))
         return 0
-    print(f"llmd: unknown models action {action!r}; use list, show, add or rm", file=sys.stderr)
+    print(f"llmd: unknown models action {action!r}; use list, show, add, rm or pair", file=sys.stderr)
     return 2
 
 
@@ -499,9 +521,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--verbose", "-v", action="store_true", help="also per-step engine timing (LLMD_PROFILE=1)")
     s = cmd("ps", cmd_ps, "loaded models")
     s.add_argument("--json", action="store_true")
-    s = cmd("models", cmd_models, "list, show, add or remove models")
-    s.add_argument("action", nargs="?", choices=["list", "show", "add", "rm"])
-    s.add_argument("name", nargs="?", help="model name (a .gguf path for add)")
+    s = cmd("models", cmd_models, "list, show, add, remove or pair models (pair TARGET DRAFT: a draft model "
+                                  "for speculation)")
+    s.add_argument("action", nargs="?", choices=["list", "show", "add", "rm", "pair"])
+    s.add_argument("name", nargs="?", help="model name (a .gguf path for add; the target for pair)")
+    s.add_argument("draft", nargs="?", help="pair: the draft model (same vocabulary, smaller)")
+    s.add_argument("--none", action="store_true", help="pair: unpair the target's draft model")
     s.add_argument("--name", dest="as_name", help="name to register an added model under")
     s.add_argument("--json", action="store_true")
     s = cmd("cache", cmd_cache, "response and prefix cache: stats, or clear [--responses] [--prefixes]")

@@ -53,6 +53,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("prefix_cache_mb", int, 2048, "size bound of the on-disk prompt-prefix KV cache, MiB (0 turns it off)"),
     Setting("prefix_min_tokens", int, 256, "save a prompt's KV to disk when it has at least this many tokens"),
     Setting("profile", bool, False, "record per-step engine timing, shown by /llmd/status and `llmd status --verbose`"),
+    Setting("speculation", str, "auto", "default speculation for requests that name none: auto (cost-aware), "
+            "ngram, draft or off (bit-exact; see README, Reproducible output)"),
+    Setting("draft", str, "", "draft models as TARGET=DRAFT pairs, comma-separated (like `llmd models pair`)"),
     Setting("standby", bool, True, "keep one worker process started ahead, so loads and switches skip its start"),
 )
 
@@ -146,6 +149,8 @@ class Settings:
     response_cache_mb: int = 256
     prefix_cache_mb: int = 2048
     prefix_min_tokens: int = 256
+    speculation: str = "auto"
+    draft: str = ""
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -182,10 +187,27 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
     parse_duration(settings.keep_alive)  # fail at start, not at the first unload
     if settings.backend not in ("auto", "llama.cpp", "tensorrt"):
         raise ValueError(f"LLMD_BACKEND={settings.backend!r}: use auto, llama.cpp or tensorrt")
+    if settings.speculation not in SPECULATION_MODES:
+        raise ValueError(f"LLMD_SPECULATION={settings.speculation!r}: use {', '.join(SPECULATION_MODES)}")
+    draft_pairs(settings.draft)  # fail at start on a malformed pair list
     for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body", "max_loaded"):
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")
     return settings
+
+
+SPECULATION_MODES = ("auto", "off", "ngram", "draft")
+
+
+def draft_pairs(value: str) -> dict[str, str]:
+    """LLMD_DRAFT "target=draft,target2=draft2" as a mapping; ValueError naming a bad item."""
+    pairs = {}
+    for item in filter(None, (i.strip() for i in value.split(","))):
+        target, sep, draft = (p.strip() for p in item.partition("="))
+        if not sep or not target or not draft:
+            raise ValueError(f"LLMD_DRAFT item {item!r} is not TARGET=DRAFT (e.g. smollm2-f16=smollm2-135m)")
+        pairs[target] = draft
+    return pairs
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -52,7 +52,10 @@ class Daemon:
         self.home = home
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": str(self.port), **(env or {})}
+        # speculation off unless a test asks: the determinism tests check bit-exact output, which is
+        # what `off` promises (README: Reproducible output); speculation tests set their modes
+        self.env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": str(self.port), "LLMD_SPECULATION": "off",
+                    **(env or {})}
         self.log = home / "daemon.out"
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -41,7 +41,8 @@ class GenerationRequest:
     ctx_limit: int | None = None  # a per-request context bound below the slot's (Ollama num_ctx)
     raw: bool = False  # prompt is already templated (Ollama raw, /v1/completions)
     cache_prompt: bool = True  # reuse a cached prefix (off: compute the whole prompt)
-    speculation: str = "off"  # "off" | "ngram" (prompt lookup); "auto" means off until adaptive k lands
+    # "off" | "ngram" (prompt lookup) | "draft" (paired model) | "auto" (cost-aware); "" = the daemon's default
+    speculation: str = "off"
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class EngineConfig:
     prefix_min_tokens: int = 256
     profile: bool = False
     precision: str = ""  # TensorRT: fp8 | int8 | int8-weight-only
+    draft_path: str = ""  # a paired draft model (same vocabulary) for speculation; "" = none
 
 
 @runtime_checkable

@@ -17,11 +17,11 @@ from typing import Any
 from llmd.backends.base import EngineConfig, ErrorEvent, Event, FinalEvent, GenerationRequest
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
-from llmd.config import Settings, parse_duration
+from llmd.config import Settings, draft_pairs, parse_duration
 from llmd.errors import BadRequest, EngineError, Overloaded, from_wire
 from llmd.models.gguf import read_gguf
 from llmd.models.memory import check_fit
-from llmd.models.registry import Registry
+from llmd.models.registry import Registry, check_pair
 
 log = logging.getLogger("llmd.scheduler")
 
@@ -48,6 +48,8 @@ class Scheduler:
         self.choices: dict[str, Choice] = {}
         self._loads: dict[str, asyncio.Task[WorkerHandle]] = {}
         self.active_model = settings.model
+        self.speculation = settings.speculation  # for requests that name none; the tray can change it
+        self._draft_config = draft_pairs(settings.draft)
         self.in_flight = 0
         self.capacity = settings.slots + settings.max_queue
         self.started = time.time()
@@ -113,14 +115,18 @@ class Scheduler:
         if choice.backend == "none":
             raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
         # refuse before anything is allocated; other loaded models count as used memory already
-        estimate = check_fit(name, read_gguf(row["path"]), s.ctx, s.slots) if row["format"] == "gguf" else None
+        draft = await asyncio.to_thread(self._draft_for, row) if choice.backend == "llama.cpp" else None
+        estimate = (check_fit(name, read_gguf(row["path"]), s.ctx, s.slots,
+                              draft=read_gguf(draft["path"]) if draft else None)
+                    if row["format"] == "gguf" else None)
         gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
         model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
         cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=s.ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=s.threads, gpu_layers=gpu_layers, model_digest=row["digest"],
                            precision=choice.precision,
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
-                           prefix_min_tokens=s.prefix_min_tokens, profile=s.profile)
+                           prefix_min_tokens=s.prefix_min_tokens, profile=s.profile,
+                           draft_path=draft["path"] if draft else "")
         worker = self._take_standby(cfg, choice.backend)
         try:
             await worker.wait_loaded()
@@ -128,6 +134,7 @@ class Scheduler:
             await asyncio.to_thread(worker.shutdown)
             raise
         worker.info["memory_estimate"] = estimate.as_dict() if estimate else {}
+        worker.info["draft"] = draft["name"] if draft else None
         self.workers[name] = worker
         self._keep.setdefault(name, self.keep_alive)
         self._last_used[name] = time.monotonic()
@@ -137,6 +144,16 @@ class Scheduler:
         self._ensure_reaper()
         self.touch()
         return worker
+
+    def _draft_for(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The model's draft model: LLMD_DRAFT first, then `llmd models pair`. A pair from the
+        environment is checked here (the registry checked its own when it was made)."""
+        name = self._draft_config.get(row["name"])
+        if name is not None:
+            draft = self.registry.get(name)
+            check_pair(row, draft)
+            return draft
+        return self.registry.get(row["draft"]) if row.get("draft") else None
 
     def choice_for(self, name: str, row: dict[str, Any] | None = None) -> Choice:
         """The backend for a model on this machine (probed once), with its reasons."""
@@ -315,6 +332,7 @@ class Scheduler:
                            **{k: v for k, v in w.info.items() if k not in ("pid",)}, "stats": stats})
         return {
             "active_model": self.active_model,
+            "speculation": self.speculation,
             "loaded": loaded,
             "loading": self.loading,
             "requests_in_flight": self.in_flight,

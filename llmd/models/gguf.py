@@ -179,8 +179,9 @@ class _Cursor:
         raise GGUFError(f"{self.path}: unknown GGUF value type {vtype} at byte {self.off}; not a GGUF file llmd can read")
 
 
-def read_gguf(path: str | Path) -> GGUFInfo:
-    """Parse the header of a GGUF file. Raises GGUFError with what is wrong and what to do."""
+def read_gguf(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFInfo:
+    """Parse the header of a GGUF file. Raises GGUFError with what is wrong and what to do.
+    Arrays are skipped (counted) except general.* ones and the keys named in `arrays`."""
     path = Path(path)
     if not path.is_file():
         raise GGUFError(f"{path} does not exist or is not a file")
@@ -201,7 +202,7 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         for _ in range(n_kv):
             key = c.string()
             vtype = c.unpack("<I")
-            keep = vtype != _ARRAY or key.startswith("general.")
+            keep = vtype != _ARRAY or key.startswith("general.") or key in arrays
             meta[key] = c.value(vtype, keep=keep)
         n_params = 0
         end_of_data = 0

@@ -53,13 +53,18 @@ def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def check_fit(name: str, info: GGUFInfo, n_ctx: int, n_slots: int, available: int | None = None) -> Estimate:
-    """Raise DoesNotFit, with the numbers and the ways out, when the load would not fit in RAM."""
+def check_fit(name: str, info: GGUFInfo, n_ctx: int, n_slots: int, available: int | None = None,
+              draft: GGUFInfo | None = None) -> Estimate:
+    """Raise DoesNotFit, with the numbers and the ways out, when the load would not fit in RAM.
+    A paired draft model loads in the same worker with the same slots: it counts too."""
     est = estimate(info, n_ctx, n_slots)
+    if draft is not None:
+        d = estimate(draft, n_ctx, n_slots)
+        est = Estimate(est.weights + d.weights, est.kv + d.kv, est.compute + d.compute, n_ctx, n_slots)
     avail = available_bytes() if available is None else available
     if est.total <= avail:
         return est
-    per_ctx_token = n_slots * info.kv_bytes_per_token()
+    per_ctx_token = n_slots * (info.kv_bytes_per_token() + (draft.kv_bytes_per_token() if draft else 0))
     room_for_kv = avail - est.weights - est.compute
     max_ctx = max(0, room_for_kv // per_ctx_token) // 256 * 256 if per_ctx_token else 0
     ways = []
@@ -68,6 +73,8 @@ def check_fit(name: str, info: GGUFInfo, n_ctx: int, n_slots: int, available: in
     if n_slots > 1:
         ways.append("fewer slots (LLMD_SLOTS)")
     ways.append("a smaller quantization of the model (llmd quantize, e.g. Q4_K_M)")
+    if draft is not None:
+        ways.append(f"no draft model (`llmd models pair {name} --none`)")
     raise DoesNotFit(
         f"loading {name} needs about {est.total / MB:.0f} MiB (weights {est.weights / MB:.0f} + KV cache "
         f"{est.kv / MB:.0f} for {n_slots} x {n_ctx} tokens + compute {est.compute / MB:.0f}) but only "

@@ -20,6 +20,7 @@ from llmd.errors import BadRequest, ModelNotFound
 from llmd.models.catalog import find_packaged
 from llmd.models.checkpoint import read_checkpoint
 from llmd.models.gguf import read_gguf
+from llmd.models.vocab import incompatibilities, read_vocab
 
 
 def _m001_models(db: sqlite_utils.Database) -> None:
@@ -48,8 +49,29 @@ def _m004_checkpoint(db: sqlite_utils.Database) -> None:
     db.table("models").add_column("hf_path", str)  # a HF checkpoint or engine folder beside the GGUF
 
 
+def _m005_draft(db: sqlite_utils.Database) -> None:
+    db.table("models").add_column("draft", str)  # the paired draft model's name, for speculation
+
+
 MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen),
-              ("003_lineage_and_eval", _m003_lineage_and_eval), ("004_checkpoint", _m004_checkpoint)]
+              ("003_lineage_and_eval", _m003_lineage_and_eval), ("004_checkpoint", _m004_checkpoint),
+              ("005_draft", _m005_draft)]
+
+
+def check_pair(target: dict[str, Any], draft: dict[str, Any]) -> None:
+    """Raise BadRequest naming every difference that stops `draft` drafting for `target`."""
+    if target["name"] == draft["name"]:
+        raise BadRequest(f"{target['name']} cannot be its own draft model; pick a smaller model with the "
+                         "same vocabulary", "draft")
+    for row in (target, draft):
+        if row["format"] != "gguf":
+            raise BadRequest(f"{row['name']} is a {row['format']} folder; draft pairs are GGUF models for the "
+                             "llama.cpp engine", "draft")
+    problems = incompatibilities(read_vocab(target["path"]), read_vocab(draft["path"]))
+    if problems:
+        raise BadRequest(f"{draft['name']} cannot draft for {target['name']}: their vocabularies differ ("
+                         + "; ".join(problems) + "). A draft model must share the target's tokenizer, "
+                         "e.g. a smaller model of the same family", "draft")
 
 
 def file_digest(path: Path) -> str:
@@ -104,9 +126,22 @@ class Registry:
         self.get(name)
         self.db.table("models").update(name, {"eval": json.dumps(result)})
 
+    def pair(self, target: str, draft: str | None) -> dict[str, Any]:
+        """Make `draft` the target's draft model for speculation (None unpairs). Refused, with
+        what differs, unless both are GGUF models with compatible vocabularies."""
+        row = self.get(target)
+        if draft is not None:
+            check_pair(row, self.get(draft))
+        self.db.table("models").update(target, {"draft": draft})
+        return self.get(target)
+
     def remove(self, name: str) -> dict[str, Any]:
         """Unregister; delete the file only if llmd created it (never a user's or a package's file)."""
         row = self.get(name)
+        users = [r["name"] for r in self.db.table("models").rows_where("draft = ?", [name])]
+        if users:
+            raise BadRequest(f"{name} is the draft model of {', '.join(users)}; unpair it first "
+                             f"(`llmd models pair {users[0]} --none`)", "name")
         self.db.table("models").delete(name)
         if row["source"] == "created":
             Path(row["path"]).unlink(missing_ok=True)

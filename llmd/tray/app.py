@@ -103,7 +103,7 @@ class TrayApp:
             if action.startswith("use:"):
                 self.client.use(action[4:])
             elif action.startswith("speculation:"):
-                self.speculation = action.split(":", 1)[1]
+                self.speculation = self.client.set_speculation(action.split(":", 1)[1])["speculation"]
                 self.refresh()
             elif action == "dashboard":
                 webbrowser.open(self.settings.base_url + "/")

@@ -65,8 +65,8 @@ def build_menu(state: dict[str, Any] | None, autostart: bool, speculation: str =
                        for name in state.get("models", []))
         items.append(Item("Models", submenu=models))
         items.append(Item("Speculation", submenu=tuple(
-            # the engine has no speculation yet: the modes are shown, only auto (= off) is live
-            Item(m, action=f"speculation:{m}", radio=True, checked=m == speculation, enabled=m == "auto")
+            # the daemon's default for requests that name none; 'draft' needs a paired draft model
+            Item(m, action=f"speculation:{m}", radio=True, checked=m == state.get("speculation", speculation))
             for m in SPECULATION_MODES)))
         items.append(Item("Open dashboard", action="dashboard"))
         items.append(Item("Clear caches", action="clear-caches"))

@@ -28,10 +28,11 @@ from llmd.backends.base import (
     Usage,
 )
 from llmd.backends.llamacpp.chat_template import ChatTemplate
-from llmd.backends.llamacpp.drafters import NgramDrafter
+from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.prefix_cache import PrefixStore, PrefixWriter, block_hashes, namespace
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for
 from llmd.backends.llamacpp.slots import Active, Slot
+from llmd.backends.llamacpp.speculation import Job, Speculator
 from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.profile import Profiler
 from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
@@ -125,8 +126,6 @@ class LlamaCppEngine:
         self._step_times: deque[float] = deque(maxlen=256)
         self.requests_done = 0
         self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
-        self._cost: dict[int, float] = {}  # draft length -> seconds to verify it, measured when idle
-        self._want_cost = False
         self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
         self.prefix: PrefixStore | None = None
@@ -136,7 +135,7 @@ class LlamaCppEngine:
             self.ns = namespace(cfg.model_digest, cfg.chunk)
             self.prefix = PrefixStore(Path(cfg.prefix_dir), cfg.prefix_max_bytes)
             self.writer = PrefixWriter(Path(cfg.prefix_dir), cfg.prefix_max_bytes)
-        self._warm_up()
+        self.spec = Speculator(self._warm_up(), *self._load_draft())
         self.load_s = time.perf_counter() - t0
         self.rss_load = _rss() - rss0
 
@@ -184,7 +183,19 @@ class LlamaCppEngine:
                 or self._cost_pending())
 
     def _cost_pending(self) -> bool:
-        return self._want_cost and not self._cost and not self.waiting and all(s.active is None for s in self.slots)
+        return (self.spec.want_cost and not self.spec.cost and not self.waiting
+                and all(s.active is None for s in self.slots))
+
+    def _load_draft(self) -> tuple[DraftModel | None, str]:
+        """The paired draft model, if any. A draft that fails to load leaves the target serving
+        without it; requests asking for 'draft' are then told why."""
+        if not self.cfg.draft_path:
+            return None, ""
+        try:
+            return DraftModel(self.cfg.draft_path, self.cfg.n_ctx, self.cfg.n_slots, self.threads, self.n_vocab), ""
+        except Exception as e:
+            log.warning("draft model %s not loaded: %s", self.cfg.draft_path, e)
+            return None, str(e)
 
     def stats(self) -> dict[str, Any]:
         times = sorted(self._step_times)
@@ -195,7 +206,7 @@ class LlamaCppEngine:
             "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
             "requests_done": self.requests_done,
             "idle_work": self._idle_slot() is not None or self._cost_pending(),  # still to do when idle
-            "verify_cost_ms": {k: round(v * 1000, 2) for k, v in self._cost.items()},
+            "speculation": self.spec.stats(),
             "prefix_cache": dict(self.prefix_stats, enabled=self.prefix is not None),
             "profile": self.profiler.summary(),
         }
@@ -207,6 +218,8 @@ class LlamaCppEngine:
         for slot in self.slots:
             if slot.active:
                 slot.active.sampler.close()
+        if self.spec.draft is not None:
+            self.spec.draft.close()
         L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
@@ -298,13 +311,10 @@ class LlamaCppEngine:
                 "max_tokens",
             )
         max_tokens = req.max_tokens if req.max_tokens is not None else room
-        if req.speculation == "draft":
-            raise BadRequest("speculation 'draft' (a draft model) is not available yet; use 'ngram' or 'off'",
-                             "speculation")
+        drafters = self.spec.drafters_for(req.speculation)
         sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar_for(req.response_format))
         active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received)
-        if req.speculation == "ngram":
-            active.drafter = NgramDrafter()
+        active.drafters = drafters
         return active
 
     def _prefill_chunk(self, slot: Slot, events: list[Event]) -> None:
@@ -319,6 +329,8 @@ class LlamaCppEngine:
             self._fail(slot, events, "llama_decode failed during prefill")
             return
         slot.tokens.extend(a.prompt[start:end])
+        if "draft" in a.drafters and self.spec.draft is not None:  # the draft model prefills alongside
+            self.spec.draft.sync(slot.seq, slot.tokens)
         if end - start == self.chunk and slot.exact == start:
             slot.exact = end
         a.pos = end
@@ -333,12 +345,16 @@ class LlamaCppEngine:
         b = self.batch
         prof = self.profiler
         plan: list[tuple[Slot, int, list[int]]] = []
+        with prof.span("draft"):
+            spec = [s for s in slots if s.active and s.active.drafters]
+            drafts_of = dict(zip((s.seq for s in spec), self.spec.plan([self._job(s) for s in spec], len(slots)),
+                                 strict=True))
         with prof.span("batch_build"):
             n = 0
             for slot in slots:
                 a = slot.active
                 assert a is not None and a.pending is not None
-                drafts = self._drafts(slot, a) if a.drafter is not None else []
+                drafts = drafts_of.get(slot.seq, [])
                 pos = len(slot.tokens)
                 for j, t in enumerate([a.pending, *drafts]):
                     self._put(n + j, t, pos + j, slot.seq, True)
@@ -371,35 +387,14 @@ class LlamaCppEngine:
                 break
             if drafts:
                 self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
-                a.accept_ema = 0.7 * a.accept_ema + 0.3 * accepted / len(drafts)
+                self.spec.record(a, len(drafts), accepted)
 
-    def _drafts(self, slot: Slot, a: Active) -> list[int]:
-        assert a.drafter is not None and a.pending is not None
+    def _job(self, slot: Slot) -> Job:
+        a = slot.active
+        assert a is not None and a.pending is not None
         room = min(a.max_tokens - a.n_gen - 1, min(self.cfg.n_ctx, a.req.ctx_limit or self.cfg.n_ctx)
                    - len(slot.tokens) - 2)
-        k = self._best_k(a.accept_ema)
-        if k == 0:  # not paying now; still probe with one draft now and then, so the estimate can recover
-            a.steps_without_draft += 1
-            if a.steps_without_draft < 8:
-                return []
-            k = 1
-        a.steps_without_draft = 0
-        k = min(k, room)
-        return a.drafter.propose([*slot.tokens, a.pending], k) if k > 0 else []
-
-    def _best_k(self, p: float) -> int:
-        """The draft length with the most expected tokens per second: verifying k drafts costs
-        t(k) (measured once on this machine) and yields 1 + p + ... + p^k tokens on average."""
-        cost = self._verify_cost()
-        return max(cost, key=lambda k: sum(p**i for i in range(k + 1)) / cost[k])
-
-    def _verify_cost(self) -> dict[int, float]:
-        """Measured costs once the engine has been idle after its first speculating request; until
-        then assume verifying k drafts costs k+1 single decodes (so only probes draft)."""
-        if not self._cost:
-            self._want_cost = True
-            return {k: float(k + 1) for k in (0, 1, 2, 4, 8)}
-        return self._cost
+        return Job(a, slot.seq, [*slot.tokens, a.pending], room)
 
     def _measure_cost(self) -> None:
         """Time verifying k drafts on this machine, in an idle slot (when every slot is free)."""
@@ -422,10 +417,10 @@ class LlamaCppEngine:
                 L.llama_decode(self.ctx, self.batch)
                 best = min(best, time.perf_counter() - t0)
                 L.llama_memory_seq_rm(self.mem, seq, 64, -1)
-            self._cost[k] = best
+            self.spec.cost[k] = best
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
         log.info("verification cost by draft length (ms): %s",
-                 {k: round(v * 1000, 1) for k, v in self._cost.items()})
+                 {k: round(v * 1000, 1) for k, v in self.spec.cost.items()})
 
     def _sample(self, slot: Slot, row: int, events: list[Event]) -> bool:
         """Sample, emit and account one token; True when the request goes on (token pending)."""
@@ -590,14 +585,20 @@ class LlamaCppEngine:
         del slot.tail[: self.chunk]
         slot.exact = start + self.chunk
 
-    def _warm_up(self) -> None:
-        """One throwaway decode, so buffers are touched and the first request pays no first-call costs."""
+    def _warm_up(self) -> float:
+        """Throwaway decodes, so buffers are touched and the first request pays no first-call costs;
+        returns the fastest one-row decode after the first, a first guess at the cost of a step."""
         L = self._L
         tok = self.bos if self.bos >= 0 else 0
-        self._put(0, tok, 0, 0, True)
-        self.batch.n_tokens = 1
-        L.llama_decode(self.ctx, self.batch)
+        best = float("inf")
+        for pos in range(3):
+            self._put(0, tok, pos, 0, True)
+            self.batch.n_tokens = 1
+            t0 = time.perf_counter()
+            L.llama_decode(self.ctx, self.batch)
+            best = min(best, time.perf_counter() - t0) if pos else best
         L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        return best
 
     # ---- llama.cpp helpers --------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 
 from llmd.backends.base import GenerationRequest
-from llmd.backends.llamacpp.drafters import NgramDrafter
 from llmd.backends.llamacpp.sampler import SamplerChain
 from llmd.backends.llamacpp.text import TextStream
 
@@ -35,8 +34,9 @@ class Active:
     t_last: float = 0.0
     t_prefill_done: float = 0.0
     cancelled: bool = False
-    drafter: NgramDrafter | None = None
-    accept_ema: float = 0.8  # recent share of drafted tokens the target accepted
+    drafters: tuple[str, ...] = ()  # which may draft for it: "ngram", "draft" (the draft model)
+    accept_ema: dict[str, float] = field(default_factory=dict)  # per drafter: recent share accepted
+    last_drafter: str = ""  # who drafted this step ("" = nobody)
     steps_without_draft: int = 0
     drafted: int = 0
     accepted: int = 0

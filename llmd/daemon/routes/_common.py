@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -161,6 +161,8 @@ async def _start(request: Request, model: str | None, req: GenerationRequest) ->
     state = request.app.state
     scheduler = state.scheduler
     name = model or scheduler.active_model
+    if not req.speculation:
+        req = replace(req, speculation=scheduler.speculation)
     t_start = time.perf_counter()
     cache = state.response_cache
     key = None

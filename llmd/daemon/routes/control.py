@@ -3,10 +3,11 @@ that change the daemon (load, unload, switch, add, remove) need the bearer token
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -19,6 +20,17 @@ from llmd.daemon.routes._common import parse_body
 from llmd.daemon.security import check_token
 from llmd.models.gguf import read_gguf
 from llmd.models.memory import available_bytes, estimate
+
+
+class _Pair(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1)
+    draft: str | None = None  # None unpairs
+
+
+class _Speculation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["auto", "off", "ngram", "draft"]
 
 
 class _ModelRef(BaseModel):
@@ -131,6 +143,27 @@ async def set_active(request: Request) -> Response:
                          "switch_s": round(time.perf_counter() - t0, 3)})
 
 
+async def pair_model(request: Request) -> Response:
+    """Pair (or unpair) a draft model. A loaded target is unloaded, so that its next load, on the
+    next request, brings the draft in; streams in flight finish first."""
+    _authorize(request)
+    body = await parse_body(request, _Pair)
+    row = await asyncio.to_thread(request.app.state.registry.pair, body.model, body.draft)
+    reloading = request.app.state.scheduler.unload(body.model)
+    request.app.state.scheduler.touch()
+    return JSONResponse({"model": body.model, "draft": row["draft"], "reloads": reloading})
+
+
+async def set_speculation(request: Request) -> Response:
+    """The speculation mode for requests that name none (the tray's Speculation menu)."""
+    _authorize(request)
+    body = await parse_body(request, _Speculation)
+    scheduler = request.app.state.scheduler
+    scheduler.speculation = body.mode
+    scheduler.touch()
+    return JSONResponse({"speculation": body.mode})
+
+
 def _prefix_store(request: Request) -> PrefixStore:
     s = request.app.state.settings
     return PrefixStore(s.paths.prefix_dir, s.prefix_cache_mb * 1024 * 1024)
@@ -189,6 +222,7 @@ async def tray_state(request: Request) -> dict[str, Any]:
     choice = scheduler.choices.get(scheduler.active_model)
     return {
         "active_model": scheduler.active_model,
+        "speculation": scheduler.speculation,
         "models": [m["name"] for m in app.state.registry.list()],
         "loaded": sorted(scheduler.workers),
         "loading": scheduler.loading,
@@ -237,6 +271,8 @@ routes = [
     Route("/llmd/models/load", load_model, methods=["POST"]),
     Route("/llmd/models/unload", unload_model, methods=["POST"]),
     Route("/llmd/models/active", set_active, methods=["POST"]),
+    Route("/llmd/models/pair", pair_model, methods=["POST"]),
+    Route("/llmd/speculation", set_speculation, methods=["POST"]),
     Route("/llmd/models/{name:str}", show_model, methods=["GET"]),
     Route("/llmd/models/{name:str}", remove_model, methods=["DELETE"]),
 ]

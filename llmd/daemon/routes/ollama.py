@@ -38,6 +38,7 @@ class _Options(BaseModel):
     repeat_penalty: float | None = Field(default=None, gt=0.0)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    speculation: Literal["auto", "off", "ngram", "draft"] | None = None  # llmd extension
 
 
 class _Message(BaseModel):
@@ -97,6 +98,7 @@ def _generation(body: _Base, **what: Any) -> GenerationRequest:
         stop=tuple(o.stop or ()),
         response_format=fmt,
         ctx_limit=o.num_ctx,
+        speculation=o.speculation or "",
         **what,
     )
 

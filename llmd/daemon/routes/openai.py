@@ -74,7 +74,7 @@ class _Common(BaseModel):
     stream_options: _StreamOptions | None = None
     response_format: _ResponseFormat | None = None
     cache_prompt: bool = True  # llmd extension: false computes the whole prompt, reusing nothing
-    speculation: Literal["auto", "off", "ngram", "draft"] = "auto"  # llmd extension
+    speculation: Literal["auto", "off", "ngram", "draft"] | None = None  # llmd extension; None: the daemon's default
 
 
 class ChatBody(_Common):
@@ -108,7 +108,7 @@ def _generation(body: _Common, **what: Any) -> GenerationRequest:
         stop=stop,
         response_format=response_format,
         cache_prompt=body.cache_prompt,
-        speculation="off" if body.speculation == "auto" else body.speculation,
+        speculation=body.speculation or "",
         **what,
     )
 

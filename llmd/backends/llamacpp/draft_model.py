@@ -1,0 +1,166 @@
+"""The draft model: a smaller GGUF with the target's vocabulary, proposing tokens greedily.
+
+It lives in the target's worker with its own context and one sequence per target slot, and
+remembers which tokens each sequence's KV holds. Before drafting it brings a sequence in line
+with the slot's tokens by dropping what differs (the target's rejections) and decoding what is
+missing (the target's accepted tokens), so both contexts stay in sync without extra calls.
+Drafting runs all speculating slots in one batch per drafted position. Its numerics never
+touch the reply: every emitted token is still the target's own sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from llmd.errors import EngineError
+
+log = logging.getLogger("llmd.draft")
+
+P_MIN = 0.3  # stop drafting a slot once the draft model's own top probability drops below this
+
+
+class DraftModel:
+    def __init__(self, path: str, n_ctx: int, n_slots: int, threads: int, target_n_vocab: int) -> None:
+        import llama_cpp as L
+
+        self._L = L
+        self.path = path
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(path.encode(), mp)
+        if not self.model:
+            raise EngineError(f"llama.cpp could not load the draft model {path}; is it a complete GGUF file?")
+        vocab = L.llama_model_get_vocab(self.model)
+        # a draft id the target does not have is never proposed (vocabularies may differ by a few)
+        self.n_vocab = L.llama_vocab_n_tokens(vocab)
+        self.limit = min(self.n_vocab, target_n_vocab)
+        self.n_batch = 512
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx * n_slots
+        cp.n_batch = cp.n_ubatch = self.n_batch
+        cp.n_seq_max = n_slots
+        cp.kv_unified = False
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise EngineError(f"llama.cpp could not create the draft model's context ({n_slots} x {n_ctx} tokens)")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.seqs: list[list[int]] = [[] for _ in range(n_slots)]
+        self.step_s = self._time_one_step()  # one drafted token for one slot, on this machine
+
+    def info(self) -> dict[str, Any]:
+        return {"path": self.path, "n_vocab": self.n_vocab, "step_ms": round(self.step_s * 1000, 2)}
+
+    def sync(self, seq: int, tokens: list[int]) -> None:
+        """Make sequence `seq` hold exactly `tokens` (used while the target prefills)."""
+        self._align(seq, tokens, len(tokens))
+        missing = tokens[len(self.seqs[seq]):]
+        for i in range(0, len(missing), self.n_batch):
+            part = missing[i:i + self.n_batch]
+            self._decode([(t, len(self.seqs[seq]) + j, seq, False) for j, t in enumerate(part)])
+            self.seqs[seq].extend(part)
+
+    def propose(self, jobs: list[tuple[int, list[int], int]]) -> list[list[int]]:
+        """For each (seq, context ending with the slot's pending token, k): up to k greedy drafts."""
+        out: list[list[int]] = [[] for _ in jobs]
+        rows: list[tuple[int, int]] = []  # (job index, batch row whose logits give its next draft)
+        batch: list[tuple[int, int, int, bool]] = []
+        for i, (seq, ctx, k) in enumerate(jobs):
+            if k <= 0:
+                continue
+            self._align(seq, ctx, len(ctx) - 1)  # always recompute the last token: its logits are needed
+            have = self.seqs[seq]
+            missing = ctx[len(have):]
+            if len(batch) + len(missing) > self.n_batch:  # a long catch-up: bring it in on its own
+                self.sync(seq, ctx[:-1])
+                missing = ctx[-1:]
+            for j, t in enumerate(missing):
+                batch.append((t, len(have) + j, seq, j == len(missing) - 1))
+            have.extend(missing)
+            rows.append((i, len(batch) - 1))
+        while rows and self._timed_decode(batch):
+            nxt: list[tuple[int, int]] = []
+            batch = []
+            for i, row in rows:
+                seq, _, k = jobs[i]
+                token, p = self._top(row)
+                if token >= self.limit or p < P_MIN:
+                    continue
+                out[i].append(token)
+                if len(out[i]) < k:
+                    batch.append((token, len(self.seqs[seq]), seq, True))
+                    self.seqs[seq].append(token)
+                    nxt.append((i, len(batch) - 1))
+            rows = nxt
+        return out
+
+    def close(self) -> None:
+        L = self._L
+        L.llama_batch_free(self.batch)
+        L.llama_free(self.ctx)
+        L.llama_model_free(self.model)
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _align(self, seq: int, tokens: list[int], upto: int) -> None:
+        """Keep the longest common prefix of the sequence's KV and tokens[:upto]; drop the rest."""
+        have = self.seqs[seq]
+        n = 0
+        limit = min(len(have), upto)
+        while n < limit and have[n] == tokens[n]:
+            n += 1
+        if n < len(have):
+            self._L.llama_memory_seq_rm(self.mem, seq, n, -1)
+            del have[n:]
+
+    def _timed_decode(self, rows: list[tuple[int, int, int, bool]]) -> bool:
+        """Decode one drafting round and fold its time into step_s (it shares the cores and the
+        caches with the target, so it is slower than when timed alone at load)."""
+        t0 = time.perf_counter()
+        ok = self._decode(rows)
+        self.step_s = 0.9 * self.step_s + 0.1 * (time.perf_counter() - t0)
+        return ok
+
+    def _decode(self, rows: list[tuple[int, int, int, bool]]) -> bool:
+        if not rows:
+            return False
+        b = self.batch
+        for i, (token, pos, seq, logits) in enumerate(rows):
+            b.token[i] = token
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = logits
+        b.n_tokens = len(rows)
+        rc = self._L.llama_decode(self.ctx, b)
+        if rc != 0:  # drafting is optional: forget the KV and draft nothing this step
+            log.warning("draft model llama_decode returned %s; dropping its KV", rc)
+            self._L.llama_memory_clear(self.mem, True)
+            for s in self.seqs:
+                s.clear()
+            return False
+        return True
+
+    def _top(self, row: int) -> tuple[int, float]:
+        ptr = self._L.llama_get_logits_ith(self.ctx, row)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        token = int(logits.argmax())
+        p = 1.0 / float(np.exp(logits - logits[token]).sum())
+        return token, p
+
+    def _time_one_step(self) -> float:
+        best = float("inf")
+        for pos in range(4):  # the first is a warm-up
+            t0 = time.perf_counter()
+            self._decode([(0, pos, 0, True)])
+            best = min(best, time.perf_counter() - t0) if pos else best
+        self._L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        return best

@@ -1,0 +1,141 @@
+"""Which drafter drafts for which slot, and how many tokens: the cost-aware part of speculation.
+
+For each decoding slot that may speculate, every step: pick the drafter and draft length k with
+the most expected tokens per second for the whole batch. Verifying costs t(rows) for the step's
+batch (measured on this machine), drafting with the draft model costs k of its own steps, and a
+drafter whose recent acceptance is p yields 1 + p + ... + p^k tokens on average. k = 0 (plain
+decoding) wins whenever drafting does not pay; then one draft is still probed now and then, so
+the acceptance estimate can recover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmd.backends.llamacpp.draft_model import DraftModel
+from llmd.backends.llamacpp.drafters import NgramDrafter
+from llmd.backends.llamacpp.slots import Active
+from llmd.errors import BadRequest
+
+LENGTHS = (1, 2, 3, 4, 6, 8)
+PROBE_EVERY = 8  # steps without drafting before one probe draft
+FIRST_GUESS = 0.8  # acceptance assumed for a drafter a request has not tried yet
+
+
+@dataclass
+class Job:
+    """One slot's part of the step: its tokens so far (ending with the pending one) and room left."""
+
+    active: Active
+    seq: int
+    context: list[int]
+    room: int
+
+
+class Speculator:
+    def __init__(self, t_single: float, draft: DraftModel | None = None, draft_error: str = "") -> None:
+        self.ngram = NgramDrafter()
+        self.draft = draft
+        self.draft_error = draft_error
+        self.t_single = t_single  # one decode row, timed at load; stands in until t(k) is measured
+        self.cost: dict[int, float] = {}  # drafts verified -> seconds for that batch, measured when idle
+        self.want_cost = False
+        self.totals = {"ngram": [0, 0], "draft": [0, 0]}  # drafter -> [drafted, accepted]
+
+    def drafters_for(self, mode: str) -> tuple[str, ...]:
+        """The drafters a request's `speculation` mode allows; 'draft' needs a paired draft model."""
+        if mode == "off":
+            return ()
+        if mode == "ngram":
+            return ("ngram",)
+        if mode == "draft":
+            if self.draft is None:
+                why = (f"its draft model failed to load: {self.draft_error}" if self.draft_error else
+                       "no draft model is paired with it; pair one with `llmd models pair TARGET DRAFT`")
+                raise BadRequest(f"speculation 'draft' is not available for this model: {why}", "speculation")
+            return ("draft",)
+        if mode in ("auto", ""):
+            return ("ngram", "draft") if self.draft is not None else ("ngram",)
+        raise BadRequest(f"speculation must be auto, off, ngram or draft, not {mode!r}", "speculation")
+
+    def plan(self, jobs: list[Job], rows: int) -> list[list[int]]:
+        """Drafts for each job; `rows` counts the step's batch rows before any drafts."""
+        out: list[list[int]] = [[] for _ in jobs]
+        for_model: list[tuple[int, int]] = []  # (job index, k)
+        for i, job in enumerate(jobs):
+            a = job.active
+            kind, k = self._choose(a, rows - 1, job.room)
+            if kind == "ngram":
+                out[i] = self.ngram.propose(job.context, k)
+                if not out[i] and "draft" in a.drafters:
+                    kind, k = self._choose(a, rows - 1, job.room, only="draft")
+            if kind == "draft" and k > 0:
+                for_model.append((i, k))
+            a.last_drafter = kind
+            rows += len(out[i]) or (k if kind == "draft" else 0)
+        if for_model:
+            assert self.draft is not None
+            got = self.draft.propose([(jobs[i].seq, jobs[i].context, k) for i, k in for_model])
+            for (i, _), drafts in zip(for_model, got, strict=True):
+                out[i] = drafts
+        return out
+
+    def record(self, a: Active, drafted: int, accepted: int) -> None:
+        kind = a.last_drafter
+        if not drafted or not kind:
+            return
+        ema = a.accept_ema.get(kind, FIRST_GUESS)
+        a.accept_ema[kind] = 0.7 * ema + 0.3 * accepted / drafted
+        self.totals[kind][0] += drafted
+        self.totals[kind][1] += accepted
+
+    def stats(self) -> dict[str, Any]:
+        by = {k: {"drafted": d, "accepted": acc, "acceptance": round(acc / d, 3) if d else None}
+              for k, (d, acc) in self.totals.items()}
+        out: dict[str, Any] = {"verify_cost_ms": {k: round(v * 1000, 2) for k, v in self.cost.items()}, **by}
+        if self.draft is not None:
+            out["draft_model"] = self.draft.info()
+        elif self.draft_error:
+            out["draft_model"] = {"error": self.draft_error}
+        return out
+
+    # ---- the choice -----------------------------------------------------------------------------
+
+    def _choose(self, a: Active, others: int, room: int, only: str = "") -> tuple[str, int]:
+        """(drafter, k) with the best expected tokens per second for the batch; ("", 0) is plain."""
+        best, best_value = ("", 0), (others + 1) / self.t(others)
+        for kind in (only,) if only else a.drafters:
+            p = a.accept_ema.get(kind, FIRST_GUESS)
+            per_draft = self.draft.step_s if kind == "draft" and self.draft is not None else 0.0
+            for k in LENGTHS:
+                if k > room:
+                    break
+                value = (others + sum(p**i for i in range(k + 1))) / (self.t(others + k) + k * per_draft)
+                if value > best_value:
+                    best, best_value = (kind, k), value
+        if best[1] > 0 or not a.drafters or room < 1:
+            a.steps_without_draft = 0
+            return best
+        a.steps_without_draft += 1  # not paying now: probe one draft now and then
+        if a.steps_without_draft < PROBE_EVERY:
+            return best
+        a.steps_without_draft = 0
+        kind = only or max(a.drafters, key=lambda d: a.accept_ema.get(d, FIRST_GUESS))
+        return kind, 1
+
+    def t(self, drafts: int) -> float:
+        """Seconds for a batch of drafts + 1 rows: measured points, linear between and beyond them.
+        Until measured, assume every row costs a full single decode (so only probes draft)."""
+        if not self.cost:
+            self.want_cost = True
+            return (drafts + 1) * self.t_single
+        if drafts in self.cost:
+            return self.cost[drafts]
+        ks = sorted(self.cost)
+        lo = max([k for k in ks if k < drafts], default=ks[0])
+        hi = min([k for k in ks if k > drafts], default=ks[-1])
+        if hi == lo:  # beyond the measured range: extend the last slope
+            lo, hi = ks[-2], ks[-1]
+        slope = (self.cost[hi] - self.cost[lo]) / (hi - lo)
+        return self.cost[lo] + slope * (drafts - lo)
