@@ -174,17 +174,20 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"{status['requests_in_flight']} (limit {status['capacity']}); "
                   f"memory available: {_mib(status['memory_available'])}")
     console.print(f"speculation for requests that name none: {status.get('speculation', '?')}")
-    table = Table("model", "pid", "memory", "slots busy", "queued", "ctx/slot", "step ms", "draft model",
-                  "accepted (ngram / draft)", "unloads")
+    table = Table("model", "pid", "memory", "slots busy", "queued", "ctx/slot", "step ms", "unloads")
     for m in status["loaded"]:
         st = m.get("stats") or {}
         exp = m.get("expires_at")
         table.add_row(m["name"], str(m["pid"]), _mib(m.get("memory_estimate", {}).get("total")),
                       f"{st.get('slots_busy', '?')}/{st.get('slots', '?')}", str(st.get("waiting", "?")),
-                      str(m.get("n_ctx")), str(st.get("step_ms_p50")), m.get("draft") or "-",
-                      _acceptance(st.get("speculation") or {}),
+                      str(m.get("n_ctx")), str(st.get("step_ms_p50")),
                       "never" if exp is None else f"in {max(0, exp - time.time()):.0f}s")
     console.print(table if status["loaded"] else "no model loaded")
+    for m in status["loaded"]:
+        spec = (m.get("stats") or {}).get("speculation")
+        if spec:
+            console.print(f"{m['name']}: draft model {m.get('draft') or 'none'}; accepted drafts: "
+                          + _acceptance(spec))
     if args.verbose:
         for m in status["loaded"]:
             prof = (m.get("stats") or {}).get("profile") or {}
@@ -199,12 +202,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _acceptance(spec: dict[str, Any]) -> str:
-    """'87% of 94 / -': accepted share of drafted tokens per drafter since the model loaded."""
+    """'ngram 87% of 94, draft none yet': accepted share of drafted tokens since the model loaded."""
     parts = []
     for kind in ("ngram", "draft"):
         k = spec.get(kind) or {}
-        parts.append(f"{k['accepted'] / k['drafted']:.0%} of {k['drafted']}" if k.get("drafted") else "-")
-    return " / ".join(parts)
+        parts.append(f"{kind} {k['accepted'] / k['drafted']:.0%} of {k['drafted']}" if k.get("drafted")
+                     else f"{kind} none yet")
+    return ", ".join(parts)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:

@@ -115,7 +115,7 @@ class Scheduler:
         if choice.backend == "none":
             raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
         # refuse before anything is allocated; other loaded models count as used memory already
-        draft = await asyncio.to_thread(self._draft_for, row) if choice.backend == "llama.cpp" else None
+        draft = await self._draft_for(row) if choice.backend == "llama.cpp" else None
         estimate = (check_fit(name, read_gguf(row["path"]), s.ctx, s.slots,
                               draft=read_gguf(draft["path"]) if draft else None)
                     if row["format"] == "gguf" else None)
@@ -145,13 +145,13 @@ class Scheduler:
         self.touch()
         return worker
 
-    def _draft_for(self, row: dict[str, Any]) -> dict[str, Any] | None:
+    async def _draft_for(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The model's draft model: LLMD_DRAFT first, then `llmd models pair`. A pair from the
         environment is checked here (the registry checked its own when it was made)."""
         name = self._draft_config.get(row["name"])
         if name is not None:
             draft = self.registry.get(name)
-            check_pair(row, draft)
+            await asyncio.to_thread(check_pair, row, draft)
             return draft
         return self.registry.get(row["draft"]) if row.get("draft") else None
 

@@ -126,11 +126,12 @@ class Registry:
         self.get(name)
         self.db.table("models").update(name, {"eval": json.dumps(result)})
 
-    def pair(self, target: str, draft: str | None) -> dict[str, Any]:
+    def pair(self, target: str, draft: str | None, checked: bool = False) -> dict[str, Any]:
         """Make `draft` the target's draft model for speculation (None unpairs). Refused, with
-        what differs, unless both are GGUF models with compatible vocabularies."""
+        what differs, unless both are GGUF models with compatible vocabularies (`checked`: the
+        caller ran check_pair already, off the thread that owns this registry)."""
         row = self.get(target)
-        if draft is not None:
+        if draft is not None and not checked:
             check_pair(row, self.get(draft))
         self.db.table("models").update(target, {"draft": draft})
         return self.get(target)

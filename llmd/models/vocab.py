@@ -48,7 +48,7 @@ def incompatibilities(target: Vocab, draft: Vocab) -> list[str]:
     for what, t, d in (("BOS id", target.bos, draft.bos), ("EOS id", target.eos, draft.eos),
                        ("add-BOS flag", target.add_bos, draft.add_bos),
                        ("add-EOS flag", target.add_eos, draft.add_eos)):
-        if t != d:
+        if t != d and not (what.startswith("add") and {t, d} <= {None, False}):  # unset means false
             problems.append(f"{what} differs: target {t}, draft {d}")
     nt, nd = len(target.tokens), len(draft.tokens)
     if nt == 0 or nd == 0:

@@ -20,6 +20,7 @@ from llmd.daemon.routes._common import parse_body
 from llmd.daemon.security import check_token
 from llmd.models.gguf import read_gguf
 from llmd.models.memory import available_bytes, estimate
+from llmd.models.registry import check_pair
 
 
 class _Pair(BaseModel):
@@ -148,7 +149,10 @@ async def pair_model(request: Request) -> Response:
     next request, brings the draft in; streams in flight finish first."""
     _authorize(request)
     body = await parse_body(request, _Pair)
-    row = await asyncio.to_thread(request.app.state.registry.pair, body.model, body.draft)
+    registry = request.app.state.registry
+    if body.draft is not None:  # reading two vocabularies takes a moment: not on the event loop
+        await asyncio.to_thread(check_pair, registry.get(body.model), registry.get(body.draft))
+    row = registry.pair(body.model, body.draft, checked=True)
     reloading = request.app.state.scheduler.unload(body.model)
     request.app.state.scheduler.touch()
     return JSONResponse({"model": body.model, "draft": row["draft"], "reloads": reloading})
