@@ -24,6 +24,9 @@ def test_menu_for_a_running_daemon():
         ("gemma3-270m", False, True, "use:gemma3-270m"), ("smollm2-135m", True, True, "use:smollm2-135m")]
     spec = next(i for i in items if i.text == "Speculation").submenu
     assert [m.text for m in spec] == ["auto", "off", "ngram", "draft"] and spec[0].checked
+    assert all(m.enabled and m.action == f"speculation:{m.text}" for m in spec)
+    spec = next(i for i in build_menu({**STATE, "speculation": "ngram"}, False) if i.text == "Speculation").submenu
+    assert [m.checked for m in spec] == [False, False, True, False]  # the daemon's mode, live
     assert texts[-5:] == ["Open dashboard", "Clear caches", "Stop daemon", "Start at login", "Quit tray"]
     assert items[-2].checked is False
 
