@@ -1,9 +1,11 @@
-"""n-gram speculation (prompt lookup) against plain decoding, through llmd's API.
+"""Speculation against plain decoding, through llmd's API: n-gram lookup, the draft model, auto.
 
-(a) an input-grounded task (repeat a ~150-token function) and (b) free chat, each with
-speculation off and ngram: decode tokens/s, the ratio to off, and the acceptance rate. Also the
-ceiling on this machine, (k+1) x t(0) / t(k) for the best k (verifying k drafts is not free on a
-CPU), and llama-cpp-python's LlamaPromptLookupDecoding on (a) as the anchor.
+(a) an input-grounded task (repeat a ~150-token function) and (b) free chat, with two targets:
+the shipped SmolLM2-135M Q4_1 (off, ngram, auto) and the same model re-encoded to F16, paired
+with the Q4_1 as its draft model (off, ngram, draft, auto). Prints decode tokens/s, the ratio
+to off, and the acceptance rate; the ceiling on this machine for each target, (k+1) x t(0) /
+t(k) for the best k (verifying k drafts is not free on a CPU); and llama-cpp-python's
+LlamaPromptLookupDecoding on (a) as the anchor.
 
     python benchmarks/speculation.py [--runs 3]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -40,36 +43,56 @@ TASKS = {"(a) repeat a function": "Repeat this function exactly, with no comment
          "(b) free chat": "Tell me a story about a fox and a crow."}
 
 
+def measure(url: str, model: str, modes: tuple[str, ...], runs: int) -> list[tuple[str, str, float, float, int]]:
+    rows = []
+    for task, prompt in TASKS.items():
+        for mode in modes:
+            body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 200,
+                    "temperature": 0, "speculation": mode, "cache_prompt": False}
+            tps = []
+            for _ in range(runs):
+                wait_idle(url)
+                tps.append(stream_openai_chat(url, body).decode_tps)
+            wait_idle(url)
+            d = httpx.post(url + "/v1/chat/completions", timeout=300, json=body).json()["usage"][
+                "completion_tokens_details"]
+            drafted = d["accepted_prediction_tokens"] + d["rejected_prediction_tokens"]
+            rows.append((task, mode, med(tps), d["accepted_prediction_tokens"] / drafted if drafted else float("nan"),
+                         drafted))
+    return rows
+
+
+def warm(url: str, model: str, mode: str) -> None:
+    """The engine measures t(k) once it is idle after its first speculating request."""
+    stream_openai_chat(url, {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                             "speculation": mode})
+    wait_idle(url)
+
+
+def ceiling(spec: dict) -> tuple[dict[int, float], int, float]:
+    cost = {int(k): v for k, v in spec["verify_cost_ms"].items()}
+    k = max(cost, key=lambda k: (k + 1) * cost[0] / cost[k])
+    return cost, k, (k + 1) * cost[0] / cost[k]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    proc, url, _ = start_llmd({"LLMD_SLOTS": "1", "LLMD_RESPONSE_CACHE": "0"})
-    rows = []
+    proc, url, home = start_llmd({"LLMD_SLOTS": "1", "LLMD_RESPONSE_CACHE": "0", "LLMD_MAX_LOADED": "2"})
+    env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": url.rsplit(":", 1)[1]}
     try:
-        stream_openai_chat(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-                                 "speculation": "ngram"})
-        wait_idle(url)  # the engine measures t(k) once it is idle after its first speculating request
-        for task, prompt in TASKS.items():
-            for mode in ("off", "ngram"):
-                tps, acc = [], []
-                for _ in range(args.runs):
-                    wait_idle(url)
-                    s = stream_openai_chat(url, {"messages": [{"role": "user", "content": prompt}], "max_tokens": 200,
-                                                 "temperature": 0, "speculation": mode, "cache_prompt": False})
-                    tps.append(s.decode_tps)
-                r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
-                    "messages": [{"role": "user", "content": prompt}], "max_tokens": 200, "temperature": 0,
-                    "speculation": mode, "cache_prompt": False}).json()["usage"]["completion_tokens_details"]
-                drafted = r["accepted_prediction_tokens"] + r["rejected_prediction_tokens"]
-                acc.append(r["accepted_prediction_tokens"] / drafted if drafted else float("nan"))
-                rows.append((task, mode, med(tps), acc[0], drafted))
-        cost = httpx.get(url + "/llmd/status").json()["loaded"][0]["stats"]["verify_cost_ms"]
+        warm(url, "smollm2-135m", "ngram")
+        q4 = measure(url, "smollm2-135m", ("off", "ngram", "auto"), args.runs)
+        subprocess.run([sys.executable, "-m", "llmd", "quantize", "smollm2-135m", "--type", "F16", "--name",
+                        "smollm2-f16"], env=env, check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "llmd", "models", "pair", "smollm2-f16", "smollm2-135m"], env=env,
+                       check=True, capture_output=True)
+        warm(url, "smollm2-f16", "draft")
+        f16 = measure(url, "smollm2-f16", ("off", "ngram", "draft", "auto"), args.runs)
+        stats = {m["name"]: m["stats"] for m in httpx.get(url + "/llmd/status").json()["loaded"]}
     finally:
         stop(proc)
-    cost = {int(k): v for k, v in cost.items()}
-    ceiling_k = max(cost, key=lambda k: (k + 1) * cost[0] / cost[k])
-    ceiling = (ceiling_k + 1) * cost[0] / cost[ceiling_k]
 
     # the anchor: llama-cpp-python's own prompt-lookup decoding on (a)
     from llama_cpp import Llama
@@ -92,15 +115,22 @@ def main() -> None:
         anchor[name] = med(times)
         del llm
 
-    print("\nSmolLM2-135M Q4_1 on two CPU cores, greedy, 200 tokens")
-    print(f"verification cost t(k) in ms: {cost}; ceiling (k+1) x t(0) / t(k) = {ceiling:.2f}x at k={ceiling_k}")
-    print(f"{'task':24} {'mode':6} {'decode tok/s':>13} {'vs off':>7} {'accepted':>9} {'drafted':>8}")
-    base = {}
-    for task, mode, tps, acc, drafted in rows:
-        base.setdefault(task, tps)
-        print(f"{task:24} {mode:6} {tps:13.1f} {tps / base[task]:7.2f} {acc:9.0%} {drafted:8d}")
-    print(f"anchor on (a): llama-cpp-python LlamaPromptLookupDecoding {anchor['LlamaPromptLookupDecoding']:.1f} tok/s "
-          f"vs its plain decoding {anchor['plain']:.1f} "
+    for title, model, rows in (("SmolLM2-135M Q4_1", "smollm2-135m", q4),
+                               ("SmolLM2-135M F16 target, Q4_1 draft model", "smollm2-f16", f16)):
+        spec = stats[model]["speculation"]
+        cost, k, ceil = ceiling(spec)
+        print(f"\n{title} on two CPU cores, greedy, 200 tokens")
+        print(f"verification cost t(k) in ms: {cost}; ceiling (k+1) x t(0) / t(k) = {ceil:.2f}x at k={k}")
+        if spec.get("draft_model"):
+            print(f"draft model step (one drafted token, running beside the target): "
+                  f"{spec['draft_model']['step_ms']:.1f} ms")
+        print(f"{'task':24} {'mode':6} {'decode tok/s':>13} {'vs off':>7} {'accepted':>9} {'drafted':>8}")
+        base: dict[str, float] = {}
+        for task, mode, tps, acc, drafted in rows:
+            base.setdefault(task, tps)
+            print(f"{task:24} {mode:6} {tps:13.1f} {tps / base[task]:7.2f} {acc:9.0%} {drafted:8d}")
+    print(f"\nanchor on (a): llama-cpp-python LlamaPromptLookupDecoding {anchor['LlamaPromptLookupDecoding']:.1f} "
+          f"tok/s vs its plain decoding {anchor['plain']:.1f} "
           f"({anchor['LlamaPromptLookupDecoding'] / anchor['plain']:.2f}x)")
 
 

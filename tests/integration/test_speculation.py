@@ -56,7 +56,7 @@ def test_seeded_sampling_is_the_same_with_ngram(http: httpx.Client):
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
 
 
-def test_draft_model_mode_is_refused_for_now(http: httpx.Client):
+def test_draft_mode_without_a_paired_model_is_refused(http: httpx.Client):
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                 "speculation": "draft"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "speculation"

@@ -19,7 +19,8 @@ COST = {0: 0.0275, 1: 0.0335, 2: 0.0393, 4: 0.0593, 8: 0.0927}
 
 class FakeDraft:
     def __init__(self, step_s: float) -> None:
-        self.step_s = step_s
+        self.step_s, self.catchup_s = step_s, 0.0
+        self.seqs: list[list[int]] = [[], []]
         self.calls: list[list[tuple[int, list[int], int]]] = []
 
     def propose(self, jobs: list[tuple[int, list[int], int]]) -> list[list[int]]:

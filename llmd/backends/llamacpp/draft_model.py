@@ -1,9 +1,11 @@
 """The draft model: a smaller GGUF with the target's vocabulary, proposing tokens greedily.
 
 It lives in the target's worker with its own context and one sequence per target slot, and
-remembers which tokens each sequence's KV holds. Before drafting it brings a sequence in line
-with the slot's tokens by dropping what differs (the target's rejections) and decoding what is
-missing (the target's accepted tokens), so both contexts stay in sync without extra calls.
+remembers which tokens each sequence's KV holds. Only when asked to draft does it bring a
+sequence in line with the slot's tokens, by dropping what differs (the target's rejections) and
+decoding what is missing (the prompt, the target's accepted tokens) in the same batch as the
+first drafted position: nothing is spent on the draft model while it is not drafting, and the
+prompt's catch-up delays the second token, not the first.
 Drafting runs all speculating slots in one batch per drafted position. Its numerics never
 touch the reply: every emitted token is still the target's own sample.
 """
@@ -55,9 +57,11 @@ class DraftModel:
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.seqs: list[list[int]] = [[] for _ in range(n_slots)]
         self.step_s = self._time_one_step()  # one drafted token for one slot, on this machine
+        self.catchup_s = self.step_s / 2  # per accepted token brought in; a guess until timed
 
     def info(self) -> dict[str, Any]:
-        return {"path": self.path, "n_vocab": self.n_vocab, "step_ms": round(self.step_s * 1000, 2)}
+        return {"path": self.path, "n_vocab": self.n_vocab, "step_ms": round(self.step_s * 1000, 2),
+                "catchup_ms": round(self.catchup_s * 1000, 2)}
 
     def sync(self, seq: int, tokens: list[int]) -> None:
         """Make sequence `seq` hold exactly `tokens` (used while the target prefills)."""
@@ -86,7 +90,10 @@ class DraftModel:
                 batch.append((t, len(have) + j, seq, j == len(missing) - 1))
             have.extend(missing)
             rows.append((i, len(batch) - 1))
-        while rows and self._timed_decode(batch):
+        catchup = len(batch) - len(rows)  # accepted tokens brought in beside the first drafting round
+        first = True
+        while rows and self._timed_decode(batch, catchup if first else -1):
+            first = False
             nxt: list[tuple[int, int]] = []
             batch = []
             for i, row in rows:
@@ -121,12 +128,18 @@ class DraftModel:
             self._L.llama_memory_seq_rm(self.mem, seq, n, -1)
             del have[n:]
 
-    def _timed_decode(self, rows: list[tuple[int, int, int, bool]]) -> bool:
-        """Decode one drafting round and fold its time into step_s (it shares the cores and the
-        caches with the target, so it is slower than when timed alone at load)."""
+    def _timed_decode(self, rows: list[tuple[int, int, int, bool]], catchup: int) -> bool:
+        """Decode one drafting round and learn its cost: step_s for a round of one drafted token
+        per slot, catchup_s per accepted token the first round brings in beside it (catchup >= 0
+        on the first round). Timed in operation: the draft shares the cores and the caches with
+        the target, so it is slower than when timed alone at load."""
         t0 = time.perf_counter()
         ok = self._decode(rows)
-        self.step_s = 0.9 * self.step_s + 0.1 * (time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        if catchup > 0:
+            self.catchup_s = 0.9 * self.catchup_s + 0.1 * max(0.0, dt - self.step_s) / catchup
+        elif catchup < 0:
+            self.step_s = 0.9 * self.step_s + 0.1 * dt
         return ok
 
     def _decode(self, rows: list[tuple[int, int, int, bool]]) -> bool:

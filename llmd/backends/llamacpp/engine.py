@@ -329,8 +329,6 @@ class LlamaCppEngine:
             self._fail(slot, events, "llama_decode failed during prefill")
             return
         slot.tokens.extend(a.prompt[start:end])
-        if "draft" in a.drafters and self.spec.draft is not None:  # the draft model prefills alongside
-            self.spec.draft.sync(slot.seq, slot.tokens)
         if end - start == self.chunk and slot.exact == start:
             slot.exact = end
         a.pos = end
@@ -362,7 +360,9 @@ class LlamaCppEngine:
                 n += 1 + len(drafts)
             b.n_tokens = n
         with prof.span("decode"):
+            t0 = time.perf_counter()
             rc = self._L.llama_decode(self.ctx, b)
+            self.spec.observe(n, time.perf_counter() - t0)
         if rc != 0:
             for slot in slots:
                 self._fail(slot, events, f"llama_decode returned {rc} while decoding")

@@ -21,6 +21,10 @@ from llmd.errors import BadRequest
 LENGTHS = (1, 2, 3, 4, 6, 8)
 PROBE_EVERY = 8  # steps without drafting before one probe draft
 FIRST_GUESS = 0.8  # acceptance assumed for a drafter a request has not tried yet
+# Drafting must promise this much more than plain decoding: measured here, the estimate is
+# optimistic by a few percent (the draft model and the target evict each other's weights from
+# the caches), and a marginal draft that loses is worse than none.
+MARGIN = 1.1
 
 
 @dataclass
@@ -39,9 +43,12 @@ class Speculator:
         self.draft = draft
         self.draft_error = draft_error
         self.t_single = t_single  # one decode row, timed at load; stands in until t(k) is measured
-        self.cost: dict[int, float] = {}  # drafts verified -> seconds for that batch, measured when idle
+        # drafts verified -> seconds for that batch: measured when idle, then kept up to date by real steps
+        self.cost: dict[int, float] = {}
         self.want_cost = False
         self.totals = {"ngram": [0, 0], "draft": [0, 0]}  # drafter -> [drafted, accepted]
+        # recent acceptance across requests: where a new request's estimate starts
+        self.prior = {"ngram": FIRST_GUESS, "draft": FIRST_GUESS}
 
     def drafters_for(self, mode: str) -> tuple[str, ...]:
         """The drafters a request's `speculation` mode allows; 'draft' needs a paired draft model."""
@@ -65,11 +72,12 @@ class Speculator:
         for_model: list[tuple[int, int]] = []  # (job index, k)
         for i, job in enumerate(jobs):
             a = job.active
-            kind, k = self._choose(a, rows - 1, job.room)
+            gap = len(job.context) - len(self.draft.seqs[job.seq]) if self.draft is not None else 0
+            kind, k = self._choose(a, rows - 1, job.room, gap)
             if kind == "ngram":
                 out[i] = self.ngram.propose(job.context, k)
                 if not out[i] and "draft" in a.drafters:
-                    kind, k = self._choose(a, rows - 1, job.room, only="draft")
+                    kind, k = self._choose(a, rows - 1, job.room, gap, only="draft")
             if kind == "draft" and k > 0:
                 for_model.append((i, k))
             a.last_drafter = kind
@@ -85,8 +93,9 @@ class Speculator:
         kind = a.last_drafter
         if not drafted or not kind:
             return
-        ema = a.accept_ema.get(kind, FIRST_GUESS)
+        ema = a.accept_ema.get(kind, self.prior[kind])
         a.accept_ema[kind] = 0.7 * ema + 0.3 * accepted / drafted
+        self.prior[kind] = 0.9 * self.prior[kind] + 0.1 * accepted / drafted
         self.totals[kind][0] += drafted
         self.totals[kind][1] += accepted
 
@@ -102,16 +111,27 @@ class Speculator:
 
     # ---- the choice -----------------------------------------------------------------------------
 
-    def _choose(self, a: Active, others: int, room: int, only: str = "") -> tuple[str, int]:
-        """(drafter, k) with the best expected tokens per second for the batch; ("", 0) is plain."""
-        best, best_value = ("", 0), (others + 1) / self.t(others)
+    def _choose(self, a: Active, others: int, room: int, gap: int = 1, only: str = "") -> tuple[str, int]:
+        """(drafter, k) with the best expected tokens per second for the batch; ("", 0) is plain.
+        `gap`: tokens the draft model must catch up on before it drafts for this slot."""
+        best, best_value = ("", 0), MARGIN * (others + 1) / self.t(others)
+        if a.drafters == ("draft",) and room >= 1:
+            # 'draft' asked for the draft model: it always drafts, the model only picks k (probing
+            # it after a pause would cost a catch-up of every token decoded meanwhile)
+            best, best_value = ("draft", 1), 0.0
         for kind in (only,) if only else a.drafters:
-            p = a.accept_ema.get(kind, FIRST_GUESS)
-            per_draft = self.draft.step_s if kind == "draft" and self.draft is not None else 0.0
+            p = a.accept_ema.get(kind, self.prior[kind])
+            per_draft, fixed = 0.0, 0.0
+            if kind == "draft" and self.draft is not None:
+                # catching up: about one token a step once drafting; a larger gap (the prompt, or
+                # tokens decoded without it) is paid once, so it is spread over the reply's room
+                per_draft = self.draft.step_s
+                fixed = self.draft.catchup_s * (1 + max(0, gap - 2) / max(1, room))
             for k in LENGTHS:
                 if k > room:
                     break
-                value = (others + sum(p**i for i in range(k + 1))) / (self.t(others + k) + k * per_draft)
+                value = (others + sum(p**i for i in range(k + 1))) / (self.t(others + k) + fixed + k * per_draft)
+                # (a draft adds rows for every slot in the batch, so the value counts all of them)
                 if value > best_value:
                     best, best_value = (kind, k), value
         if best[1] > 0 or not a.drafters or room < 1:
@@ -120,9 +140,19 @@ class Speculator:
         a.steps_without_draft += 1  # not paying now: probe one draft now and then
         if a.steps_without_draft < PROBE_EVERY:
             return best
+        # auto does not probe the draft model: catching it up costs about a prefill of the gap
+        probe = [d for d in ((only,) if only else a.drafters) if d == "ngram"]
+        if not probe:
+            return best
         a.steps_without_draft = 0
-        kind = only or max(a.drafters, key=lambda d: a.accept_ema.get(d, FIRST_GUESS))
-        return kind, 1
+        return max(probe, key=lambda d: a.accept_ema.get(d, self.prior[d])), 1
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Fold a real step's decode time into t(rows - 1): in operation the batch shares the caches
+        with the draft model and the rest of the daemon, which the idle measurement does not see."""
+        if self.cost and rows >= 1:
+            k = rows - 1
+            self.cost[k] = 0.9 * self.t(k) + 0.1 * seconds
 
     def t(self, drafts: int) -> float:
         """Seconds for a batch of drafts + 1 rows: measured points, linear between and beyond them.
