@@ -75,6 +75,15 @@ def ceiling(spec: dict) -> tuple[dict[int, float], int, float]:
     return cost, k, (k + 1) * cost[0] / cost[k]
 
 
+def draft_gain(cost: dict[int, float], dm: dict, p: float, k: int) -> float:
+    """Expected speed-up of drafting k tokens with the draft model at acceptance p."""
+    ks = sorted(cost)
+    lo, hi = max(x for x in ks if x <= k), min(x for x in ks if x >= k)
+    t_k = cost[lo] if lo == hi else cost[lo] + (cost[hi] - cost[lo]) * (k - lo) / (hi - lo)
+    expected = sum(p**i for i in range(k + 1))
+    return expected * cost[0] / (t_k + k * dm["step_ms"] + dm["catchup_ms"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
@@ -122,8 +131,15 @@ def main() -> None:
         print(f"\n{title} on two CPU cores, greedy, 200 tokens")
         print(f"verification cost t(k) in ms: {cost}; ceiling (k+1) x t(0) / t(k) = {ceil:.2f}x at k={k}")
         if spec.get("draft_model"):
-            print(f"draft model step (one drafted token, running beside the target): "
-                  f"{spec['draft_model']['step_ms']:.1f} ms")
+            dm = spec["draft_model"]
+            print(f"draft model: {dm['step_ms']:.1f} ms per drafted token, {dm['catchup_ms']:.1f} ms per accepted "
+                  "token it catches up on (timed beside the target)")
+            for task, mode, _, acc, _ in rows:
+                if mode == "draft":
+                    best = max(range(1, 9), key=lambda k: draft_gain(cost, dm, acc, k))
+                    print(f"  draft-model ceiling on {task} at its {acc:.0%} acceptance: "
+                          f"{draft_gain(cost, dm, acc, best):.2f}x at k={best} "
+                          "(E(k) x t(0) / (t(k) + k x step + catch-up))")
         print(f"{'task':24} {'mode':6} {'decode tok/s':>13} {'vs off':>7} {'accepted':>9} {'drafted':>8}")
         base: dict[str, float] = {}
         for task, mode, tps, acc, drafted in rows:

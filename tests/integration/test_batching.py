@@ -30,10 +30,10 @@ def daemon8(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.stop()
 
 
-def complete(url: str, prompt: str, max_tokens: int = 40) -> str:
+def complete(url: str, prompt: str, max_tokens: int = 40, speculation: str = "off") -> str:
     r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
         "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-        "cache_prompt": False})
+        "cache_prompt": False, "speculation": speculation})
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"]
 
@@ -69,6 +69,24 @@ def test_same_text_while_a_long_prompt_is_prefilled(daemon8: Daemon):
         time.sleep(0.3)
         together = list(pool.map(lambda p: complete(daemon8.url, p), PROMPTS[:3]))
         assert long.result()
+    assert together == alone
+
+
+def test_off_is_the_same_beside_speculating_requests(daemon8: Daemon):
+    """A speculating neighbour puts several rows of its sequence in the step's batch; a request
+    with speculation off must still get exactly the text it gets alone."""
+    copy = "Repeat this exactly: " + " ".join(f"item{i} = value{i} * {i};" for i in range(30))
+    complete(daemon8.url, copy, 20, "ngram")  # the engine measures t(k) when idle after this
+    deadline = time.monotonic() + 60
+    while not worker_stats(daemon8.url)["stats"]["speculation"]["verify_cost_ms"]:  # then drafts are long
+        assert time.monotonic() < deadline, "t(k) was not measured"
+        time.sleep(0.2)
+    alone = [complete(daemon8.url, p, 60) for p in PROMPTS[:3]]
+    with cf.ThreadPoolExecutor(6) as pool:
+        spec = [pool.submit(complete, daemon8.url, copy, 150, mode) for mode in ("ngram", "ngram", "auto")]
+        time.sleep(1.0)
+        together = list(pool.map(lambda p: complete(daemon8.url, p, 60), PROMPTS[:3]))
+        assert all(f.result() for f in spec)
     assert together == alone
 
 

@@ -21,10 +21,11 @@ from llmd.errors import BadRequest
 LENGTHS = (1, 2, 3, 4, 6, 8)
 PROBE_EVERY = 8  # steps without drafting before one probe draft
 FIRST_GUESS = 0.8  # acceptance assumed for a drafter a request has not tried yet
-# Drafting must promise this much more than plain decoding: measured here, the estimate is
-# optimistic by a few percent (the draft model and the target evict each other's weights from
-# the caches), and a marginal draft that loses is worse than none.
-MARGIN = 1.1
+# The draft model must promise this much more than plain decoding: measured here, its estimate
+# is optimistic by a few percent (the draft model and the target evict each other's weights
+# from the caches), and a marginal draft that loses is worse than none. n-gram drafts cost no
+# model, so their estimate holds and they need no margin.
+DRAFT_MARGIN = 1.1
 
 
 @dataclass
@@ -114,7 +115,8 @@ class Speculator:
     def _choose(self, a: Active, others: int, room: int, gap: int = 1, only: str = "") -> tuple[str, int]:
         """(drafter, k) with the best expected tokens per second for the batch; ("", 0) is plain.
         `gap`: tokens the draft model must catch up on before it drafts for this slot."""
-        best, best_value = ("", 0), MARGIN * (others + 1) / self.t(others)
+        best, plain = ("", 0), (others + 1) / self.t(others)
+        best_value = plain
         if a.drafters == ("draft",) and room >= 1:
             # 'draft' asked for the draft model: it always drafts, the model only picks k (probing
             # it after a pause would cost a catch-up of every token decoded meanwhile)
@@ -130,9 +132,10 @@ class Speculator:
             for k in LENGTHS:
                 if k > room:
                     break
+                # tokens per second for the whole batch: the other slots' rows are slowed down too
                 value = (others + sum(p**i for i in range(k + 1))) / (self.t(others + k) + fixed + k * per_draft)
-                # (a draft adds rows for every slot in the batch, so the value counts all of them)
-                if value > best_value:
+                margin_met = kind != "draft" or a.drafters == ("draft",) or value > DRAFT_MARGIN * plain
+                if value > best_value and margin_met:
                     best, best_value = (kind, k), value
         if best[1] > 0 or not a.drafters or room < 1:
             a.steps_without_draft = 0
