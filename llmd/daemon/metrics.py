@@ -50,7 +50,7 @@ class Metrics:
         self._snapshot: dict[str, Any] = {}
         r.register(_EngineCollector(self))
         self.history: deque[dict[str, Any]] = deque(maxlen=360)  # 12 minutes at one point per 2 s
-        self._window: list[tuple[float, float, int, float, int, int, int]] = []
+        self._window: list[tuple[float, float, int, float, int, int, int, int, int]] = []
         self._process = psutil.Process()
         self._process.cpu_percent()
 
@@ -72,14 +72,16 @@ class Metrics:
             self.prompt_tokens.labels(*labels).inc(usage.prompt_tokens)
             self.cached_tokens.labels(*labels).inc(usage.cached_tokens)
             self.generated_tokens.labels(*labels).inc(usage.completion_tokens)
-            self.drafted_tokens.labels(*labels).inc(usage.drafted_tokens)
-            self.accepted_tokens.labels(*labels).inc(usage.accepted_tokens)
-            if cache != "hit":
+            if cache != "hit":  # a replay from the response cache drafted nothing and waited for no slot
+                self.drafted_tokens.labels(*labels).inc(usage.drafted_tokens)
+                self.accepted_tokens.labels(*labels).inc(usage.accepted_tokens)
                 self.queue_wait.labels(*labels).observe(usage.queue_s)
         tps = usage.decode_tps if usage is not None and cache != "hit" else 0.0
         self._window.append((time.time(), ttft or 0.0, 1 if cache == "hit" else 0, tps,
                              usage.cached_tokens if usage else 0, usage.prompt_tokens if usage else 0,
-                             usage.completion_tokens if usage else 0))
+                             usage.completion_tokens if usage else 0,
+                             usage.drafted_tokens if usage and cache != "hit" else 0,
+                             usage.accepted_tokens if usage and cache != "hit" else 0))
 
     def set_snapshot(self, status: dict[str, Any]) -> None:
         self._snapshot = status
@@ -96,6 +98,7 @@ class Metrics:
         ttfts = sorted(w[1] for w in window if w[2] == 0)
         tps = [w[3] for w in window if w[3] > 0]
         prompt = sum(w[5] for w in window)
+        drafted = sum(w[7] for w in window)
         loaded = status.get("loaded", [])
         stats = [m.get("stats") or {} for m in loaded]
         pc = [s.get("prefix_cache") or {} for s in stats]
@@ -109,7 +112,7 @@ class Metrics:
             "response_cache_hit_rate": (sum(w[2] for w in window) / len(window)) if window else None,
             "prefix_reuse_rate": (sum(w[4] for w in window) / prompt) if prompt else None,
             "prefix_hits": sum(p.get("hits", 0) for p in pc),
-            "draft_acceptance": None,
+            "draft_acceptance": sum(w[8] for w in window) / drafted if drafted else None,
             "slots_busy": sum(s.get("slots_busy", 0) for s in stats),
             "slots": sum(s.get("slots", 0) for s in stats),
             "waiting": sum(s.get("waiting", 0) for s in stats),
