@@ -7,7 +7,7 @@ to off, and the acceptance rate; the ceiling on this machine for each target, (k
 t(k) for the best k (verifying k drafts is not free on a CPU); and llama-cpp-python's
 LlamaPromptLookupDecoding on (a) as the anchor.
 
-    python benchmarks/speculation.py [--runs 3]
+    python benchmarks/speculation.py [--runs 5]
 """
 
 from __future__ import annotations
@@ -44,22 +44,27 @@ TASKS = {"(a) repeat a function": "Repeat this function exactly, with no comment
 
 
 def measure(url: str, model: str, modes: tuple[str, ...], runs: int) -> list[tuple[str, str, float, float, int]]:
+    """Modes take turns run by run, so a slow spell of this shared machine hits them all alike."""
     rows = []
     for task, prompt in TASKS.items():
-        for mode in modes:
-            body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 200,
-                    "temperature": 0, "speculation": mode, "cache_prompt": False}
-            tps = []
-            for _ in range(runs):
+        tps: dict[str, list[float]] = {mode: [] for mode in modes}
+        for _ in range(runs):
+            for mode in modes:
                 wait_idle(url)
-                tps.append(stream_openai_chat(url, body).decode_tps)
+                tps[mode].append(stream_openai_chat(url, body(model, prompt, mode)).decode_tps)
+        for mode in modes:
             wait_idle(url)
-            d = httpx.post(url + "/v1/chat/completions", timeout=300, json=body).json()["usage"][
-                "completion_tokens_details"]
+            d = httpx.post(url + "/v1/chat/completions", timeout=300, json=body(model, prompt, mode)).json()[
+                "usage"]["completion_tokens_details"]
             drafted = d["accepted_prediction_tokens"] + d["rejected_prediction_tokens"]
-            rows.append((task, mode, med(tps), d["accepted_prediction_tokens"] / drafted if drafted else float("nan"),
-                         drafted))
+            rows.append((task, mode, med(tps[mode]),
+                         d["accepted_prediction_tokens"] / drafted if drafted else float("nan"), drafted))
     return rows
+
+
+def body(model: str, prompt: str, mode: str) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 200, "temperature": 0,
+            "speculation": mode, "cache_prompt": False}
 
 
 def warm(url: str, model: str, mode: str) -> None:
@@ -86,9 +91,10 @@ def draft_gain(cost: dict[int, float], dm: dict, p: float, k: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    proc, url, home = start_llmd({"LLMD_SLOTS": "1", "LLMD_RESPONSE_CACHE": "0", "LLMD_MAX_LOADED": "2"})
+    proc, url, home = start_llmd({"LLMD_SLOTS": "1", "LLMD_RESPONSE_CACHE": "0", "LLMD_MAX_LOADED": "2",
+                                   "LLMD_KEEP_ALIVE": "-1"})
     env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": url.rsplit(":", 1)[1]}
     try:
         warm(url, "smollm2-135m", "ngram")
