@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import platformdirs
 
@@ -196,7 +196,8 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
     return settings
 
 
-SPECULATION_MODES = ("auto", "off", "ngram", "draft")
+SpeculationMode = Literal["auto", "off", "ngram", "draft"]
+SPECULATION_MODES: tuple[str, ...] = get_args(SpeculationMode)
 
 
 def draft_pairs(value: str) -> dict[str, str]:

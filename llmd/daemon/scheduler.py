@@ -50,6 +50,7 @@ class Scheduler:
         self.active_model = settings.model
         self.speculation = settings.speculation  # for requests that name none; the tray can change it
         self._draft_config = draft_pairs(settings.draft)
+        self._pairs_checked: set[tuple[str, str]] = set()  # (target, draft) digests of LLMD_DRAFT pairs
         self.in_flight = 0
         self.capacity = settings.slots + settings.max_queue
         self.started = time.time()
@@ -147,11 +148,14 @@ class Scheduler:
 
     async def _draft_for(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The model's draft model: LLMD_DRAFT first, then `llmd models pair`. A pair from the
-        environment is checked here (the registry checked its own when it was made)."""
+        environment is checked here, once per pair of files (the registry checked its own when it
+        was made)."""
         name = self._draft_config.get(row["name"])
         if name is not None:
             draft = self.registry.get(name)
-            await asyncio.to_thread(check_pair, row, draft)
+            if (row["digest"], draft["digest"]) not in self._pairs_checked:
+                await asyncio.to_thread(check_pair, row, draft)
+                self._pairs_checked.add((row["digest"], draft["digest"]))
             return draft
         return self.registry.get(row["draft"]) if row.get("draft") else None
 

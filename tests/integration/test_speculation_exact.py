@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_speculation import CODE  # the function the copying prompts repeat
 
 from llmd.backends.base import EngineConfig, FinalEvent, GenerationRequest, Sampling
 from llmd.backends.llamacpp import engine as engine_mod
@@ -36,16 +37,6 @@ pytestmark = pytest.mark.integration
 DELTA_MAX = 0.25
 GAP_MAX = 0.25
 
-CODE = '''def merge(a, b):
-    out = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        if a[i] <= b[j]:
-            out.append(a[i]); i += 1
-        else:
-            out.append(b[j]); j += 1
-    return out + a[i:] + b[j:]
-'''
 SHORT = [
     ("Repeat this code exactly:\n" + CODE, 120),
     ("Summarize in one sentence: The lighthouse was lit in 1821 and automated in 1965.", 60),

@@ -38,7 +38,7 @@ def active(drafters: tuple[str, ...], **ema: float) -> Active:
 
 
 def spec(step_s: float | None = None) -> Speculator:
-    s = Speculator(0.0275, FakeDraft(step_s) if step_s is not None else None)  # type: ignore[arg-type]
+    s = Speculator(FakeDraft(step_s) if step_s is not None else None)  # type: ignore[arg-type]
     s.cost = dict(COST)
     return s
 
@@ -72,7 +72,7 @@ def test_no_drafting_still_probes_now_and_then():
 
 
 def test_until_measured_only_probes_draft():
-    s = Speculator(0.03)
+    s = Speculator()
     assert s._choose(active(("ngram",), ngram=1.0), 0, 100) == ("", 0) and s.want_cost
 
 

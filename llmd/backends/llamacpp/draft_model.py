@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from llmd.backends.llamacpp.batch import put
 from llmd.errors import EngineError
 
 log = logging.getLogger("llmd.draft")
@@ -64,7 +65,8 @@ class DraftModel:
                 "catchup_ms": round(self.catchup_s * 1000, 2)}
 
     def sync(self, seq: int, tokens: list[int]) -> None:
-        """Make sequence `seq` hold exactly `tokens` (used while the target prefills)."""
+        """Make sequence `seq` hold exactly `tokens`, in batches of n_batch (a catch-up too long
+        to share the first drafting round's batch)."""
         self._align(seq, tokens, len(tokens))
         missing = tokens[len(self.seqs[seq]):]
         for i in range(0, len(missing), self.n_batch):
@@ -145,15 +147,10 @@ class DraftModel:
     def _decode(self, rows: list[tuple[int, int, int, bool]]) -> bool:
         if not rows:
             return False
-        b = self.batch
-        for i, (token, pos, seq, logits) in enumerate(rows):
-            b.token[i] = token
-            b.pos[i] = pos
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = logits
-        b.n_tokens = len(rows)
-        rc = self._L.llama_decode(self.ctx, b)
+        for i, row in enumerate(rows):
+            put(self.batch, i, *row)
+        self.batch.n_tokens = len(rows)
+        rc = self._L.llama_decode(self.ctx, self.batch)
         if rc != 0:  # drafting is optional: forget the KV and draft nothing this step
             log.warning("draft model llama_decode returned %s; dropping its KV", rc)
             self._L.llama_memory_clear(self.mem, True)

@@ -27,6 +27,7 @@ from llmd.backends.base import (
     TokenEvent,
     Usage,
 )
+from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.chat_template import ChatTemplate
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.prefix_cache import PrefixStore, PrefixWriter, block_hashes, namespace
@@ -135,7 +136,8 @@ class LlamaCppEngine:
             self.ns = namespace(cfg.model_digest, cfg.chunk)
             self.prefix = PrefixStore(Path(cfg.prefix_dir), cfg.prefix_max_bytes)
             self.writer = PrefixWriter(Path(cfg.prefix_dir), cfg.prefix_max_bytes)
-        self.spec = Speculator(self._warm_up(), *self._load_draft())
+        self._warm_up()
+        self.spec = Speculator(*self._load_draft())
         self.load_s = time.perf_counter() - t0
         self.rss_load = _rss() - rss0
 
@@ -585,30 +587,19 @@ class LlamaCppEngine:
         del slot.tail[: self.chunk]
         slot.exact = start + self.chunk
 
-    def _warm_up(self) -> float:
-        """Throwaway decodes, so buffers are touched and the first request pays no first-call costs;
-        returns the fastest one-row decode after the first, a first guess at the cost of a step."""
+    def _warm_up(self) -> None:
+        """One throwaway decode, so buffers are touched and the first request pays no first-call costs."""
         L = self._L
         tok = self.bos if self.bos >= 0 else 0
-        best = float("inf")
-        for pos in range(3):
-            self._put(0, tok, pos, 0, True)
-            self.batch.n_tokens = 1
-            t0 = time.perf_counter()
-            L.llama_decode(self.ctx, self.batch)
-            best = min(best, time.perf_counter() - t0) if pos else best
+        self._put(0, tok, 0, 0, True)
+        self.batch.n_tokens = 1
+        L.llama_decode(self.ctx, self.batch)
         L.llama_memory_seq_rm(self.mem, 0, -1, -1)
-        return best
 
     # ---- llama.cpp helpers --------------------------------------------------------------------
 
     def _put(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
-        b = self.batch
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq
-        b.logits[i] = logits
+        put(self.batch, i, token, pos, seq, logits)
 
     def _run(self, slot: Slot, tokens: list[int], start: int, logits_last: bool) -> bool:
         n = len(tokens)

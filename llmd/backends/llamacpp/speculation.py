@@ -26,6 +26,9 @@ FIRST_GUESS = 0.8  # acceptance assumed for a drafter a request has not tried ye
 # from the caches), and a marginal draft that loses is worse than none. n-gram drafts cost no
 # model, so their estimate holds and they need no margin.
 DRAFT_MARGIN = 1.1
+# Until t(k) is measured (when the engine is first idle after a speculating request), every row
+# is assumed to cost this much: drafting never pays then, so only probes and 'draft' draft.
+UNMEASURED_ROW_S = 1.0
 
 
 @dataclass
@@ -39,11 +42,10 @@ class Job:
 
 
 class Speculator:
-    def __init__(self, t_single: float, draft: DraftModel | None = None, draft_error: str = "") -> None:
+    def __init__(self, draft: DraftModel | None = None, draft_error: str = "") -> None:
         self.ngram = NgramDrafter()
         self.draft = draft
         self.draft_error = draft_error
-        self.t_single = t_single  # one decode row, timed at load; stands in until t(k) is measured
         # drafts verified -> seconds for that batch: measured when idle, then kept up to date by real steps
         self.cost: dict[int, float] = {}
         self.want_cost = False
@@ -158,11 +160,10 @@ class Speculator:
             self.cost[k] = 0.9 * self.t(k) + 0.1 * seconds
 
     def t(self, drafts: int) -> float:
-        """Seconds for a batch of drafts + 1 rows: measured points, linear between and beyond them.
-        Until measured, assume every row costs a full single decode (so only probes draft)."""
+        """Seconds for a batch of drafts + 1 rows: measured points, linear between and beyond them."""
         if not self.cost:
             self.want_cost = True
-            return (drafts + 1) * self.t_single
+            return (drafts + 1) * UNMEASURED_ROW_S
         if drafts in self.cost:
             return self.cost[drafts]
         ks = sorted(self.cost)

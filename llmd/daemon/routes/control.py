@@ -7,7 +7,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from llmd import __version__
 from llmd.backends.llamacpp.prefix_cache import PrefixStore
+from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import parse_body
 from llmd.daemon.security import check_token
 from llmd.models.gguf import read_gguf
@@ -31,7 +32,7 @@ class _Pair(BaseModel):
 
 class _Speculation(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["auto", "off", "ngram", "draft"]
+    mode: SpeculationMode
 
 
 class _ModelRef(BaseModel):

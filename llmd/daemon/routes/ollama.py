@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from llmd import __version__
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent
+from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import Run, parse_body, start_run
 from llmd.errors import BadRequest, LlmdError
 
@@ -38,7 +39,7 @@ class _Options(BaseModel):
     repeat_penalty: float | None = Field(default=None, gt=0.0)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    speculation: Literal["auto", "off", "ngram", "draft"] | None = None  # llmd extension
+    speculation: SpeculationMode | None = None  # llmd extension
 
 
 class _Message(BaseModel):

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
+from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import Run, parse_body, start_run, text_of
 from llmd.daemon.security import error_body
 from llmd.errors import BadRequest, LlmdError
@@ -74,7 +75,7 @@ class _Common(BaseModel):
     stream_options: _StreamOptions | None = None
     response_format: _ResponseFormat | None = None
     cache_prompt: bool = True  # llmd extension: false computes the whole prompt, reusing nothing
-    speculation: Literal["auto", "off", "ngram", "draft"] | None = None  # llmd extension; None: the daemon's default
+    speculation: SpeculationMode | None = None  # llmd extension; None: the daemon's default
 
 
 class ChatBody(_Common):
