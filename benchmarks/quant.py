@@ -14,6 +14,7 @@ from pathlib import Path
 
 from llmd.backends.base import EngineConfig
 from llmd.backends.llamacpp.engine import LlamaCppEngine
+from llmd.backends.repack import repack_for
 from llmd.models.catalog import find_packaged
 from llmd.models.evaluate import evaluate
 from llmd.models.quantize import plan, quantize
@@ -22,7 +23,7 @@ from llmd.models.quantize import plan, quantize
 def speed(path: Path) -> tuple[float, float, float]:
     """(load s, prefill tok/s over 256 tokens, decode tok/s over 64 tokens)."""
     t0 = time.perf_counter()
-    e = LlamaCppEngine(EngineConfig(str(path), path.stem, 1024, 1, 256))
+    e = LlamaCppEngine(EngineConfig(str(path), path.stem, 1024, 1, 256, repack=repack_for([str(path)])))
     load = time.perf_counter() - t0
     slot = e.slots[0]
     toks = e.tokenize("The keeper climbed the stairs and trimmed the wick. " * 40, False)[:256]

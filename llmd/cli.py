@@ -129,8 +129,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     row = registry.get(settings.model)
     override = None if settings.backend == "auto" else settings.backend
     choice = choose(p, formats_of(row, settings.ctx, settings.slots), override)
+    from llmd.backends.repack import RepackRecord
+
+    record = RepackRecord(settings.paths.repack_record)
+    repack = record.decide(settings.repack, (row["quantization"],)) if row["format"] == "gguf" else None
     if args.json:
         return _print_json({"machine": p.as_dict(), "model": settings.model, "choice": choice.as_dict(),
+                            "repack": {"mode": settings.repack, "kind": record.kind,
+                                       "decision": repack.as_dict() if repack else None, "records": record.here()},
                             "settings": settings.as_dict()})
     gib = 1024**3
     print(f"machine:  {p.os}, {p.arch}, {p.cpu} ({p.physical_cores} cores / {p.logical_cores} threads; "
@@ -151,6 +157,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  because {r}")
     for option, why in choice.rejected:
         print(f"  not {option}: {why}")
+    if repack is not None:
+        print(f"weight repacking ({record.kind}): {'on' if repack.repack else 'off'} ({repack.reason})")
+    for entry in record.here():
+        print(f"  recorded {entry.get('when')}: {entry.get('reason')} [{entry.get('file_type')}, "
+              f"llama-cpp-python {entry.get('llama_cpp')}]")
     print("\nsettings:")
     values = settings.as_dict()
     for s in SETTINGS:
@@ -405,7 +416,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = registry.get(args.model)
     base = registry.get(args.base) if args.base else None
     text = load_text(Path(args.text)) if args.text else None
-    result = evaluate(model["path"], base["path"] if base else None, text, tokens=args.tokens, window=args.window)
+    from llmd.backends.repack import RepackRecord, decide_for_files
+
+    paths = [model["path"], *([base["path"]] if base else [])]
+    repack = decide_for_files(settings.repack, RepackRecord(settings.paths.repack_record), paths, args.model)
+    if not repack.repack:
+        print(f"note: {repack.reason}", file=sys.stderr)
+    result = evaluate(model["path"], base["path"] if base else None, text, tokens=args.tokens, window=args.window,
+                      repack=repack.repack)
     out = {**result.as_dict(), "base": args.base, "text": args.text or "built-in"}
     registry.set_eval(args.model, out)
     if args.json:

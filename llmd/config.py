@@ -38,7 +38,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ctx", int, 4096, "context length (tokens) each slot can hold"),
     Setting("slots", int, 4, "concurrent sequences in one context (requests decoded together)"),
     Setting("threads", int, 0, "CPU threads for llama.cpp (0: the physical cores)"),
-    Setting("chunk", int, 64, "prefill chunk and prefix-reuse block, in tokens (see DESIGN: Determinism)"),
+    Setting("chunk", int, 64, "prefix-cache block, and the exact policy's prefill chunk, in tokens"),
+    Setting("exact", bool, False, "the exact batching policy: the same greedy output whatever is cached or running, "
+            "at a latency cost (README: Two batching policies); default: the fast policy"),
+    Setting("prefill_budget", int, 128, "prompt tokens prefilled per step while other streams decode (fast policy; "
+            "with nothing else running a prompt goes in batches of 512)"),
     Setting("max_queue", int, 64, "requests waiting for a slot before the API answers 503"),
     Setting("max_body", int, 8 * 1024 * 1024, "largest request body accepted, in bytes"),
     Setting("backend", str, "auto", "engine: auto (probe the machine), llama.cpp or tensorrt"),
@@ -51,11 +55,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("response_cache_ttl", float, 3600.0, "seconds a cached response stays valid"),
     Setting("response_cache_mb", int, 256, "size bound of the response cache, MiB (least recently used go first)"),
     Setting("prefix_cache_mb", int, 2048, "size bound of the on-disk prompt-prefix KV cache, MiB (0 turns it off)"),
+    Setting("prefix_ram_mb", int, 512, "in-memory tier of the prefix cache: recently evicted sequences, MiB"),
     Setting("prefix_min_tokens", int, 256, "save a prompt's KV to disk when it has at least this many tokens"),
     Setting("profile", bool, False, "record per-step engine timing, shown by /llmd/status and `llmd status --verbose`"),
     Setting("speculation", str, "auto", "default speculation for requests that name none: auto (cost-aware), "
             "ngram, draft or off (bit-exact; see README, Reproducible output)"),
     Setting("draft", str, "", "draft models as TARGET=DRAFT pairs, comma-separated (like `llmd models pair`)"),
+    Setting("repack", str, "auto", "llama.cpp weight repacking (AMX and other CPU layouts): auto (on unless it "
+            "crashed on this CPU before; see `llmd doctor`), on or off"),
     Setting("standby", bool, True, "keep one worker process started ahead, so loads and switches skip its start"),
 )
 
@@ -116,6 +123,10 @@ class Paths:
         return self.cache / "prefix"
 
     @property
+    def repack_record(self) -> Path:
+        return self.data / "repack.json"
+
+    @property
     def pid_file(self) -> Path:
         return self.data / "llmd.pid"
 
@@ -134,6 +145,8 @@ class Settings:
     slots: int = 4
     threads: int = 0
     chunk: int = 64
+    exact: bool = False
+    prefill_budget: int = 128
     max_queue: int = 64
     max_body: int = 8 * 1024 * 1024
     backend: str = "auto"
@@ -148,9 +161,11 @@ class Settings:
     response_cache_ttl: float = 3600.0
     response_cache_mb: int = 256
     prefix_cache_mb: int = 2048
+    prefix_ram_mb: int = 512
     prefix_min_tokens: int = 256
     speculation: str = "auto"
     draft: str = ""
+    repack: str = "auto"
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -190,7 +205,9 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
     if settings.speculation not in SPECULATION_MODES:
         raise ValueError(f"LLMD_SPECULATION={settings.speculation!r}: use {', '.join(SPECULATION_MODES)}")
     draft_pairs(settings.draft)  # fail at start on a malformed pair list
-    for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body", "max_loaded"):
+    if settings.repack not in ("auto", "on", "off"):
+        raise ValueError(f"LLMD_REPACK={settings.repack!r}: use auto, on or off")
+    for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body", "max_loaded", "prefill_budget"):
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")
     return settings

@@ -9,6 +9,7 @@
     ├── ModelNotFound         404: no registered model by that name
     ├── PayloadTooLarge       413: request body over the bound
     ├── Overloaded            503: queue full; .retry_after seconds
+    ├── ModelUnavailable      503: the model's worker kept crashing; not started until asked for
     ├── EngineCrashed         500: the worker process died during the request
     └── EngineError           500: the engine failed for another reason
 
@@ -81,8 +82,15 @@ class Overloaded(LlmdError):
         self.retry_after = retry_after
 
 
+class ModelUnavailable(LlmdError):
+    status = 503
+    code = "model_unavailable"
+    type = "server_error"
+
+
 class EngineCrashed(LlmdError):
     code = "engine_crashed"
+    signal = 0  # the signal that killed the worker, when one did
 
 
 class EngineError(LlmdError):
@@ -91,7 +99,8 @@ class EngineError(LlmdError):
 
 _BY_CODE: dict[str, type[LlmdError]] = {
     cls.code: cls
-    for cls in (BadRequest, ContextOverflow, GrammarError, ModelNotFound, EngineCrashed, EngineError)
+    for cls in (BadRequest, ContextOverflow, GrammarError, ModelNotFound, ModelUnavailable, EngineCrashed,
+                EngineError)
 }
 
 

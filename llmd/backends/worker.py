@@ -179,7 +179,7 @@ class WorkerHandle:
         except asyncio.TimeoutError:
             return {}
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 30.0) -> None:
         with self._lock:
             if self.alive:
                 try:

@@ -11,19 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from llmd.backends.base import EngineConfig, ErrorEvent, Event, FinalEvent, GenerationRequest
+from llmd.backends.repack import Decision, RepackRecord
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
 from llmd.config import Settings, draft_pairs, parse_duration
-from llmd.errors import BadRequest, EngineError, Overloaded, from_wire
+from llmd.errors import BadRequest, EngineCrashed, EngineError, ModelUnavailable, Overloaded, from_wire
 from llmd.models.gguf import read_gguf
 from llmd.models.memory import check_fit
 from llmd.models.registry import Registry, check_pair
 
 log = logging.getLogger("llmd.scheduler")
+
+CRASH_LIMIT = 3  # worker deaths of one model ...
+CRASH_WINDOW_S = 60.0  # ... within this many seconds stop it being started again
 
 WorkerFactory = Callable[[str, EngineConfig | None, asyncio.AbstractEventLoop, Callable[[WorkerHandle], None]], WorkerHandle]
 
@@ -55,6 +61,9 @@ class Scheduler:
         self.capacity = settings.slots + settings.max_queue
         self.started = time.time()
         self.crashes = 0
+        self.repack_record = RepackRecord(settings.paths.repack_record)
+        self._crash_times: dict[str, deque[float]] = {}  # model -> when its workers died, for the breaker
+        self.unavailable: dict[str, str] = {}  # model -> why it is not started again (crash loop)
 
     @property
     def loading(self) -> list[str]:
@@ -87,13 +96,20 @@ class Scheduler:
 
     # ---- loading ------------------------------------------------------------------------------
 
-    async def worker_for(self, model: str | None) -> tuple[WorkerHandle, float]:
-        """The loaded worker of `model` (loading it if needed) and the seconds spent loading."""
+    async def worker_for(self, model: str | None, explicit: bool = False) -> tuple[WorkerHandle, float]:
+        """The loaded worker of `model` (loading it if needed) and the seconds spent loading.
+        A model whose workers keep crashing is not started again unless asked for `explicit`ly
+        (`llmd use`, the load route)."""
         name = model or self.active_model
         worker = self.workers.get(name)
         if worker is not None and worker.alive and worker.info:
             return worker, 0.0
         row = self.registry.get(name)  # ModelNotFound before anything starts
+        if explicit:
+            self.unavailable.pop(name, None)
+            self._crash_times.pop(name, None)
+        elif name in self.unavailable:
+            raise ModelUnavailable(self.unavailable[name])
         t0 = time.perf_counter()
         task = self._loads.get(name)
         if task is None:
@@ -117,23 +133,37 @@ class Scheduler:
             raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
         # refuse before anything is allocated; other loaded models count as used memory already
         draft = await self._draft_for(row) if choice.backend == "llama.cpp" else None
-        estimate = (check_fit(name, read_gguf(row["path"]), s.ctx, s.slots,
-                              draft=read_gguf(draft["path"]) if draft else None)
-                    if row["format"] == "gguf" else None)
+        info = read_gguf(row["path"]) if row["format"] == "gguf" else None
+        draft_info = read_gguf(draft["path"]) if draft else None
+        estimate = check_fit(name, info, s.ctx, s.slots, draft=draft_info) if info is not None else None
         gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
         model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
         cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=s.ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=s.threads, gpu_layers=gpu_layers, model_digest=row["digest"],
                            precision=choice.precision,
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
-                           prefix_min_tokens=s.prefix_min_tokens, profile=s.profile,
+                           prefix_min_tokens=s.prefix_min_tokens, profile=s.profile, exact=s.exact,
+                           prefill_budget=s.prefill_budget, prefix_ram_bytes=s.prefix_ram_mb * 1024 * 1024,
                            draft_path=draft["path"] if draft else "")
-        worker = self._take_standby(cfg, choice.backend)
+        file_types = tuple(i.quantization for i in (info, draft_info) if i is not None)
+        decision = (self.repack_record.decide(s.repack, file_types) if choice.backend == "llama.cpp"
+                    else Decision(False, f"not used by {choice.backend}"))
+        cfg = replace(cfg, repack=decision.repack)
         try:
-            await worker.wait_loaded()
-        except BaseException:
-            await asyncio.to_thread(worker.shutdown)
-            raise
+            worker = await self._start(cfg, choice.backend)
+        except EngineCrashed as e:
+            if not (decision.repack and s.repack == "auto" and e.signal):
+                raise
+            # A kernel of the repacked weights crashed while loading (AMX does): load again without
+            # repacking, and remember it for this CPU, llama.cpp build and file type once that works.
+            how = f"killed by signal {e.signal}"
+            log.warning("weight repacking (%s) crashed on this CPU while loading %s (%s); loading again without it",
+                        self.repack_record.kind, name, how)
+            worker = await self._start(replace(cfg, repack=False), choice.backend)
+            entries = [self.repack_record.write_crash(ft, name, how) for ft in file_types]
+            decision = Decision(False, entries[0]["reason"], entries[0])
+            log.warning("%s (recorded in %s for %s)", decision.reason, self.repack_record.path, "/".join(file_types))
+        worker.info["repack"] = decision.as_dict()
         worker.info["memory_estimate"] = estimate.as_dict() if estimate else {}
         worker.info["draft"] = draft["name"] if draft else None
         self.workers[name] = worker
@@ -145,6 +175,40 @@ class Scheduler:
         self._ensure_reaper()
         self.touch()
         return worker
+
+    async def _start(self, cfg: EngineConfig, backend: str) -> WorkerHandle:
+        """A worker with the model loaded; a crash while loading counts toward the breaker and is
+        raised as EngineCrashed with .signal set when a signal killed it."""
+        worker = self._take_standby(cfg, backend)
+        try:
+            await worker.wait_loaded()
+        except EngineCrashed as e:
+            await asyncio.to_thread(worker.shutdown)
+            code = worker.process.exitcode
+            e.signal = -code if code is not None and code < 0 else 0
+            self._note_crash(cfg.model_name, e.message)
+            if cfg.model_name in self.unavailable:
+                raise ModelUnavailable(self.unavailable[cfg.model_name]) from e
+            raise
+        except BaseException:
+            await asyncio.to_thread(worker.shutdown)
+            raise
+        return worker
+
+    def _note_crash(self, name: str, what: str) -> None:
+        """Count a worker's death; the third within a minute stops the model being started again
+        until it is asked for explicitly or the daemon restarts (no crash loop)."""
+        now = time.monotonic()
+        times = self._crash_times.setdefault(name, deque(maxlen=CRASH_LIMIT))
+        times.append(now)
+        if len(times) == CRASH_LIMIT and now - times[0] <= CRASH_WINDOW_S:
+            self.unavailable[name] = (
+                f"{name} is not started again: its engine worker crashed {CRASH_LIMIT} times within "
+                f"{CRASH_WINDOW_S:.0f} s (last: {what}). Fix the cause (`llmd doctor`, the log; LLMD_REPACK=off "
+                f"if weight repacking crashes), then run `llmd use {name}` or restart the daemon"
+            )
+            log.error("%s", self.unavailable[name])
+            self.touch()
 
     async def _draft_for(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The model's draft model: LLMD_DRAFT first, then `llmd models pair`. A pair from the
@@ -197,8 +261,11 @@ class Scheduler:
         name = worker.cfg.model_name
         if self.workers.get(name) is worker:
             del self.workers[name]
-            if worker.process.exitcode not in (0, None):
+            code = worker.process.exitcode
+            if code not in (0, None):
                 self.crashes += 1
+                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                self._note_crash(name, f"the worker was {how} while serving")
             self.touch()
 
     def _retire_idle(self, keep: str | None = None) -> None:
@@ -237,7 +304,7 @@ class Scheduler:
     async def set_active(self, name: str) -> WorkerHandle:
         """Make `name` the model for requests that name none; load it, retire the others."""
         self.registry.get(name)
-        worker, _ = await self.worker_for(name)
+        worker, _ = await self.worker_for(name, explicit=True)
         self.active_model = name
         self._retire_idle(keep=name)
         self.touch()
@@ -342,6 +409,9 @@ class Scheduler:
             "requests_in_flight": self.in_flight,
             "capacity": self.capacity,
             "worker_crashes": self.crashes,
+            "unavailable": dict(self.unavailable),
+            "repack": {"mode": self.settings.repack, "kind": self.repack_record.kind,
+                       "records": self.repack_record.here()},
         }
 
     async def close(self) -> None:

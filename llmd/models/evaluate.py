@@ -47,17 +47,16 @@ class EvalResult:
 class _Scorer:
     """One model with a context sized to a window, giving log-probabilities for every position."""
 
-    def __init__(self, path: str, window: int) -> None:
+    def __init__(self, path: str, window: int, repack: bool = True) -> None:
         import llama_cpp as L
-        from llama_cpp._logger import set_verbose
 
-        set_verbose(False)
-        L.llama_backend_init()
+        from llmd.backends.llamacpp.context import load_model
+
         self.L = L
-        mp = L.llama_model_default_params()
-        self.model = L.llama_model_load_from_file(path.encode(), mp)
-        if not self.model:
-            raise EvalError(f"llama.cpp could not load {path}")
+        try:
+            self.model = load_model(path, 0, repack)
+        except Exception as e:
+            raise EvalError(str(e)) from None
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         cp = L.llama_context_default_params()
@@ -100,10 +99,10 @@ class _Scorer:
 
 
 def evaluate(model_path: str, base_path: str | None = None, text: str | None = None, tokens: int = 1024,
-             window: int = 256) -> EvalResult:
+             window: int = 256, repack: bool = True) -> EvalResult:
     text = default_text() if text is None else text
-    scorer = _Scorer(model_path, window)
-    base = _Scorer(base_path, window) if base_path else None
+    scorer = _Scorer(model_path, window, repack)
+    base = _Scorer(base_path, window, repack) if base_path else None
     try:
         if base is not None and base.n_vocab != scorer.n_vocab:
             raise EvalError(f"the base model's vocabulary has {base.n_vocab} tokens and this one {scorer.n_vocab}: "

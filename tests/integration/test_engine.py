@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from conftest import Daemon
 
 pytestmark = pytest.mark.integration
 
@@ -38,18 +39,58 @@ def slots_busy(http: httpx.Client) -> int:
     return sum(m["stats"].get("slots_busy", 0) for m in http.get("/llmd/status").json()["loaded"])
 
 
-def test_prefix_reuse_gives_the_same_greedy_text(http: httpx.Client):
+@pytest.fixture(scope="module")
+def exact_http(tmp_path_factory: pytest.TempPathFactory):
+    d = Daemon(tmp_path_factory.mktemp("exact") / "home", env={"LLMD_EXACT": "1", "LLMD_SLOTS": "2"}).start()
+    with d.client() as c:
+        yield c
+    d.stop()
+
+
+def test_fast_reuses_a_live_prefix_token_by_token(http: httpx.Client):
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Who saved the sailors in 1893?"}]
     cold = chat(http, msgs)
     assert 230 <= cold["usage"]["prompt_tokens"] <= 320, cold["usage"]
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    again = chat(http, msgs)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == cold["usage"]["prompt_tokens"] - 1
+    assert again["choices"][0]["message"]["content"].strip()
+    other = chat(http, [msgs[0], {"role": "user", "content": "What happened in 1907?"}])
+    cached = other["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # everything up to the differing question is reused, not only whole 64-token chunks
+    assert cold["usage"]["prompt_tokens"] - 16 <= cached < other["usage"]["prompt_tokens"], other["usage"]
+    assert other["choices"][0]["message"]["content"].strip()
+
+
+def test_fast_next_turn_prefills_only_the_new_message(http: httpx.Client):
+    msgs = [{"role": "system", "content": SYSTEM + " Today is a quiet day."},
+            {"role": "user", "content": "Tell me about the lens."}]
+    first = chat(http, msgs, max_tokens=120)
+    reply = first["choices"][0]["message"]["content"]
+    turn2 = msgs + [{"role": "assistant", "content": reply},
+                    {"role": "user", "content": "And who switched on the electric beacon?"}]
+    warm = chat(http, turn2)
+    u = warm["usage"]
+    # the reply's decoded KV is reused as it is: only the end of turn and the new message are new
+    assert u["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] + \
+        first["usage"]["completion_tokens"] - 4, (u, first["usage"])
+    assert u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] <= 30
+    assert warm["choices"][0]["message"]["content"].strip()
+
+
+def test_exact_prefix_reuse_gives_the_same_greedy_text(exact_http: httpx.Client):
+    http = exact_http
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Who saved the sailors in 1893?"}]
+    cold = chat(http, msgs)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     warm = chat(http, msgs)
     cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached >= 192 and cached % 64 == 0
+    assert cached >= 192
     assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
 
 
-def test_next_turn_reuses_the_reply_and_keeps_the_answer(http: httpx.Client):
+def test_exact_next_turn_reuses_the_reply_and_keeps_the_answer(exact_http: httpx.Client):
+    http = exact_http
     msgs = [{"role": "system", "content": SYSTEM + " Today is a quiet day."},
             {"role": "user", "content": "Tell me about the lens."}]
     first = chat(http, msgs, max_tokens=120)
@@ -61,8 +102,21 @@ def test_next_turn_reuses_the_reply_and_keeps_the_answer(http: httpx.Client):
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
     # more than the first prompt: the reply's chunks were made exact while the slot was idle
-    assert cached > first["usage"]["prompt_tokens"] // 64 * 64, (cached, first["usage"])
+    assert cached > first["usage"]["prompt_tokens"], (cached, first["usage"])
     assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+
+
+def test_exact_chunks_are_cut_after_each_end_of_turn(exact_http: httpx.Client):
+    """A cut after the user's end-of-turn token: the next request with the same conversation but
+    another reply reuses everything up to that token, not only up to the 64-token grid."""
+    http = exact_http
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me about Agnes Morrow."}]
+    chat(http, msgs, max_tokens=4)
+    turn = msgs + [{"role": "assistant", "content": "She lit the first lamp."},
+                   {"role": "user", "content": "When?"}]
+    warm = chat(http, turn)
+    cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached % 64 != 0, cached  # ends right after an end-of-turn token, off the grid
 
 
 def test_client_disconnect_frees_the_slot(daemon, http: httpx.Client):

@@ -26,6 +26,7 @@ from llmd.backends.base import EngineConfig, FinalEvent, GenerationRequest, Samp
 from llmd.backends.llamacpp import engine as engine_mod
 from llmd.backends.llamacpp.engine import LlamaCppEngine
 from llmd.backends.llamacpp.sampler import SamplerChain
+from llmd.backends.repack import repack_for
 from llmd.models.catalog import find_packaged
 from llmd.models.quantize import plan, quantize
 
@@ -86,7 +87,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppEngine]
     mp = pytest.MonkeyPatch()
     mp.setattr(engine_mod, "SamplerChain", Recorder)
     e = LlamaCppEngine(EngineConfig(model_path=str(target), model_name="smollm2-f16", n_ctx=2048, n_slots=2,
-                                    chunk=64, draft_path=str(draft)))
+                                    chunk=64, draft_path=str(draft),
+                                    repack=repack_for([str(target), str(draft)])))
     run(e, "off", "Repeat this code exactly:\n" + CODE, 40, "ngram")  # so t(k) gets measured
     while e.has_work():
         e.step()

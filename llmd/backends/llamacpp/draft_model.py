@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from llmd.backends.llamacpp.batch import put
+from llmd.backends.llamacpp.context import Decoder, load_model, new_context, warm_up
 from llmd.errors import EngineError
 
 log = logging.getLogger("llmd.draft")
@@ -27,36 +28,28 @@ P_MIN = 0.3  # stop drafting a slot once the draft model's own top probability d
 
 
 class DraftModel:
-    def __init__(self, path: str, n_ctx: int, n_slots: int, threads: int, target_n_vocab: int) -> None:
+    def __init__(self, path: str, n_ctx: int, n_slots: int, threads: int, target_n_vocab: int,
+                 repack: bool = True) -> None:
         import llama_cpp as L
 
         self._L = L
         self.path = path
-        mp = L.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        self.model = L.llama_model_load_from_file(path.encode(), mp)
-        if not self.model:
-            raise EngineError(f"llama.cpp could not load the draft model {path}; is it a complete GGUF file?")
+        self.model = load_model(path, 0, repack, "the draft model")
         vocab = L.llama_model_get_vocab(self.model)
         # a draft id the target does not have is never proposed (vocabularies may differ by a few)
         self.n_vocab = L.llama_vocab_n_tokens(vocab)
         self.limit = min(self.n_vocab, target_n_vocab)
         self.n_batch = 512
-        cp = L.llama_context_default_params()
-        cp.n_ctx = n_ctx * n_slots
-        cp.n_batch = cp.n_ubatch = self.n_batch
-        cp.n_seq_max = n_slots
-        cp.kv_unified = False
-        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.no_perf = True
-        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.ctx = new_context(self.model, n_ctx * n_slots, self.n_batch, n_slots, threads, unified=False)
         if not self.ctx:
             L.llama_model_free(self.model)
             raise EngineError(f"llama.cpp could not create the draft model's context ({n_slots} x {n_ctx} tokens)")
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self._llama_decode = Decoder(self.ctx, repack)
         self.seqs: list[list[int]] = [[] for _ in range(n_slots)]
+        if not warm_up(self._llama_decode, self.batch, self.mem, 64, n_slots, self.n_vocab):
+            raise EngineError(f"llama.cpp failed the draft model's warm-up decode ({path})")
         self.step_s = self._time_one_step()  # one drafted token for one slot, on this machine
         self.catchup_s = self.step_s / 2  # per accepted token brought in; a guess until timed
 
@@ -150,7 +143,7 @@ class DraftModel:
         for i, row in enumerate(rows):
             put(self.batch, i, *row)
         self.batch.n_tokens = len(rows)
-        rc = self._L.llama_decode(self.ctx, self.batch)
+        rc = self._llama_decode(self.batch)
         if rc != 0:  # drafting is optional: forget the KV and draft nothing this step
             log.warning("draft model llama_decode returned %s; dropping its KV", rc)
             self._L.llama_memory_clear(self.mem, True)

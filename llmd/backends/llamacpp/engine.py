@@ -1,10 +1,17 @@
 """The llama.cpp engine: one model, one context with several slots, one step loop.
 
-Each step: admit waiting requests into free slots (longest shared prefix first), advance one
-prefilling slot by one aligned chunk in its own llama_decode, then decode one token for every
-decoding slot in one shared batch and sample each with its own native sampler chain. When
-nothing is waiting or running, idle slots re-prefill the whole chunks of their last reply so
-the next turn reuses exact KV (DESIGN: Determinism).
+Each step: release cancelled requests, admit waiting ones into the free slot that already holds
+most of their prompt (or restore it from the prefix cache), run one batch, then sample each
+slot with its own native sampler chain. Two batching policies (DESIGN: Two batching policies):
+
+- fast (default): one llama_decode per step holding every decoding slot's pending token (and
+  drafts), plus prefill tokens of any number of prefilling slots, up to a per-step budget while
+  streams run (the whole batch when nothing else does). Prefixes are reused token by token,
+  decode-time KV included, from a live slot or the prefix cache. The KV is unified.
+- exact (LLMD_EXACT=1): prefill only in chunks cut at a fixed grid and after every end-of-turn
+  token, each chunk alone in its decode; reuse only whole chunks of prefill-computed KV; idle
+  slots re-prefill their replies. One KV stream per slot. Greedy output is then the same
+  whatever is cached or running.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from llmd.backends.base import (
@@ -29,11 +35,12 @@ from llmd.backends.base import (
 )
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.chat_template import ChatTemplate
+from llmd.backends.llamacpp.context import Decoder, load_model, new_context, physical_cores, warm_up
 from llmd.backends.llamacpp.draft_model import DraftModel
-from llmd.backends.llamacpp.prefix_cache import PrefixStore, PrefixWriter, block_hashes, namespace
+from llmd.backends.llamacpp.prefix_cache import PrefixCache
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for
 from llmd.backends.llamacpp.slots import Active, Slot
-from llmd.backends.llamacpp.speculation import Job, Speculator
+from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
 from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.profile import Profiler
 from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
@@ -45,15 +52,6 @@ def _rss() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
-
-
-def _physical_cores() -> int:
-    try:
-        import psutil
-
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except Exception:
-        return os.cpu_count() or 1
 
 
 class LlamaCppEngine:
@@ -75,43 +73,30 @@ class LlamaCppEngine:
         self._L = L
         self.cfg = cfg
         self.chunk = cfg.chunk
-        L.llama_backend_init()
+        self.exact = cfg.exact
+        self.budget = max(1, cfg.prefill_budget)
         rss0 = _rss()
-        from llama_cpp._logger import set_verbose
-
-        set_verbose(False)  # llama.cpp prints every load to stderr otherwise; keep errors
-        mp = L.llama_model_default_params()
-        mp.n_gpu_layers = cfg.gpu_layers
         t0 = time.perf_counter()
-        self.model = L.llama_model_load_from_file(cfg.model_path.encode(), mp)
-        if not self.model:
-            raise EngineError(f"llama.cpp could not load {cfg.model_path}; is it a complete GGUF file?")
+        self.model = load_model(cfg.model_path, cfg.gpu_layers, cfg.repack)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        threads = cfg.threads or _physical_cores()
-        self.n_batch = max(512, cfg.chunk, cfg.n_slots)
-        cp = L.llama_context_default_params()
-        cp.n_ctx = cfg.n_ctx * cfg.n_slots
-        cp.n_batch = self.n_batch
-        cp.n_ubatch = self.n_batch
-        cp.n_seq_max = cfg.n_slots
-        # One KV stream per slot, not DESIGN's unified buffer: measured here, with kv_unified=True
-        # the same greedy request gave different text depending on which slot (which cells of the
-        # shared buffer) it landed in; with a stream per slot every slot gives identical text.
-        cp.kv_unified = False
-        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
-        cp.no_perf = True
-        self.ctx = L.llama_init_from_model(self.model, cp)
+        threads = cfg.threads or physical_cores()
+        # room for every slot's pending token and longest draft in one batch, whatever LLMD_SLOTS is
+        self.n_batch = max(512, cfg.chunk, cfg.n_slots * (1 + max(LENGTHS)))
+        # The exact policy needs one KV stream per slot: with a unified buffer the same greedy
+        # request gave different text depending on which cells it landed in. The fast policy
+        # shares one buffer, so prefill and decode rows of different slots go in one ubatch.
+        self.ctx = new_context(self.model, cfg.n_ctx * cfg.n_slots, self.n_batch, cfg.n_slots, threads,
+                               unified=not cfg.exact)
         if not self.ctx:
             L.llama_model_free(self.model)
             raise EngineError(
-                f"llama.cpp could not create a context of {cp.n_ctx} tokens ({cfg.n_slots} slots x {cfg.n_ctx}); "
-                "try a smaller LLMD_CTX or fewer LLMD_SLOTS"
+                f"llama.cpp could not create a context of {cfg.n_ctx * cfg.n_slots} tokens ({cfg.n_slots} slots x "
+                f"{cfg.n_ctx}); try a smaller LLMD_CTX or fewer LLMD_SLOTS"
             )
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self._llama_decode = Decoder(self.ctx, cfg.repack)
         self.threads = threads
 
         self.bos = L.llama_vocab_bos(self.vocab)
@@ -129,13 +114,8 @@ class LlamaCppEngine:
         self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
         self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
-        self.prefix: PrefixStore | None = None
-        self.writer: PrefixWriter | None = None
-        self.prefix_stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "saved": 0, "dropped": 0}
-        if cfg.prefix_dir and cfg.prefix_max_bytes > 0 and cfg.model_digest:
-            self.ns = namespace(cfg.model_digest, cfg.chunk)
-            self.prefix = PrefixStore(Path(cfg.prefix_dir), cfg.prefix_max_bytes)
-            self.writer = PrefixWriter(Path(cfg.prefix_dir), cfg.prefix_max_bytes)
+        self.prefix = (PrefixCache(cfg.prefix_dir, cfg.prefix_max_bytes, cfg.prefix_ram_bytes, cfg.model_digest,
+                                   cfg.chunk, cfg.exact, cfg.prefix_min_tokens) if cfg.model_digest else None)
         self._warm_up()
         self.spec = Speculator(*self._load_draft())
         self.load_s = time.perf_counter() - t0
@@ -158,6 +138,8 @@ class LlamaCppEngine:
             "n_ctx": self.cfg.n_ctx,
             "n_slots": self.cfg.n_slots,
             "chunk": self.chunk,
+            "policy": "exact" if self.exact else "fast",
+            "prefill_budget": self.budget,
             "threads": self.threads,
             "gpu_layers": min(self.cfg.gpu_layers, int(L.llama_model_n_layer(self.model)))
             if self._L.llama_supports_gpu_offload() else 0,
@@ -194,7 +176,8 @@ class LlamaCppEngine:
         if not self.cfg.draft_path:
             return None, ""
         try:
-            return DraftModel(self.cfg.draft_path, self.cfg.n_ctx, self.cfg.n_slots, self.threads, self.n_vocab), ""
+            return DraftModel(self.cfg.draft_path, self.cfg.n_ctx, self.cfg.n_slots, self.threads, self.n_vocab,
+                              self.cfg.repack), ""
         except Exception as e:
             log.warning("draft model %s not loaded: %s", self.cfg.draft_path, e)
             return None, str(e)
@@ -209,14 +192,21 @@ class LlamaCppEngine:
             "requests_done": self.requests_done,
             "idle_work": self._idle_slot() is not None or self._cost_pending(),  # still to do when idle
             "speculation": self.spec.stats(),
-            "prefix_cache": dict(self.prefix_stats, enabled=self.prefix is not None),
+            "prefix_cache": self.prefix.info() if self.prefix is not None else {"enabled": False},
             "profile": self.profiler.summary(),
         }
 
     def close(self) -> None:
+        """Save what the prefix cache still wants, wait for its writes, then free everything."""
         L = self._L
-        if self.writer is not None:
-            self.writer.close()
+        if self.prefix is not None:
+            for slot in self.slots:
+                if slot.active is None and self.prefix.wants(slot):
+                    try:
+                        self.prefix.save(L, self.ctx, self.mem, slot)
+                    except Exception:
+                        log.exception("prefix cache: could not save slot %s at shutdown", slot.seq)
+            self.prefix.close()
         for slot in self.slots:
             if slot.active:
                 slot.active.sampler.close()
@@ -233,19 +223,18 @@ class LlamaCppEngine:
         events: list[Event] = []
         self._release_cancelled(events)
         self._admit(events)
-        prefilling = [s for s in self.slots if s.active and s.active.prefilling]
+        prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling),
+                            key=lambda s: s.active.t_received)  # type: ignore[union-attr]
         decoding = [s for s in self.slots if s.active and not s.active.prefilling]
-        if prefilling:
-            # oldest first; one aligned chunk per step so running streams keep flowing
-            self._prefill_chunk(min(prefilling, key=lambda s: s.active.t_received), events)  # type: ignore[union-attr]
-        if decoding:
-            self._decode(decoding, events)
+        if self.exact:
+            if prefilling:  # one aligned chunk, alone in its decode, so its KV is batch-independent
+                self._run_step([], prefilling[:1], events)
+            if decoding:
+                self._run_step(decoding, [], events)
+        elif prefilling or decoding:
+            self._run_step(decoding, prefilling, events)
         if not prefilling and not decoding:
-            slot = self._idle_slot()
-            if slot is not None and not self.waiting:
-                self._reprefill_chunk(slot)
-            elif self._cost_pending():
-                self._measure_cost()
+            self._idle_work()
         else:
             self._step_times.append(time.perf_counter() - t0)
         return events
@@ -270,23 +259,33 @@ class LlamaCppEngine:
                 log.exception("preparing request %s failed", req.id)
                 events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
                 continue
-            # the free slot sharing the longest exact prefix; else the least recently used
-            if req.cache_prompt:
-                slot = max(free, key=lambda s: (s.reusable(active.prompt, self.chunk), -s.last_used))
-                reuse = slot.reusable(active.prompt, self.chunk)
-                restored = self._from_disk(active.prompt, reuse, min(free, key=lambda s: s.last_used))
-                if restored is not None:
-                    slot, reuse = restored
-            else:
-                slot, reuse = min(free, key=lambda s: s.last_used), 0
-            self._L.llama_memory_seq_rm(self.mem, slot.seq, reuse, -1)
-            del slot.tokens[reuse:]
-            slot.tail.clear()
-            slot.exact = min(slot.exact, reuse)
-            slot.saved = min(slot.saved, reuse)
+            slot, reuse = self._place(active)
+            slot.truncate(self._L, self.mem, reuse)
             active.cached = active.pos = reuse
             active.t_admitted = time.perf_counter()
             slot.active = active
+
+    def _place(self, active: Active) -> tuple[Slot, int]:
+        """The free slot holding most of the prompt (else the least recently used), or one the
+        prefix cache restores more of it into; and how many prompt tokens it serves."""
+        free = [s for s in self.slots if s.active is None]
+        if not active.req.cache_prompt:
+            return min(free, key=lambda s: s.last_used), 0
+        prompt = active.prompt
+        slot = max(free, key=lambda s: (self._reusable(s, prompt), -s.last_used))
+        reuse = slot.reusable(prompt, self.chunk, self.exact)
+        if self.prefix is None:
+            return slot, reuse
+        with self.profiler.span("prefix_lookup"):
+            hit = self.prefix.lookup(prompt, reuse)
+        if hit is None:
+            return slot, reuse
+        # restore into the free slot whose own KV serves this prompt least, oldest first
+        target = min(free, key=lambda s: (self._reusable(s, prompt), s.last_used))
+        with self.profiler.span("prefix_restore"):
+            if self.prefix.restore(self._L, self.ctx, self.mem, target, hit):
+                return target, hit.n
+        return (slot, reuse) if slot is not target else (target, 0)
 
     def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
         if req.messages is not None and not req.raw:
@@ -315,114 +314,117 @@ class LlamaCppEngine:
         max_tokens = req.max_tokens if req.max_tokens is not None else room
         drafters = self.spec.drafters_for(req.speculation)
         sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar_for(req.response_format))
-        active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received)
+        active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received, n_ctx=n_ctx)
         active.drafters = drafters
         return active
 
-    def _prefill_chunk(self, slot: Slot, events: list[Event]) -> None:
-        a = slot.active
-        assert a is not None
-        start = a.pos
-        end = min(len(a.prompt), (start // self.chunk + 1) * self.chunk)
-        last = end == len(a.prompt)
-        with self.profiler.span("prefill"):
-            ok = self._run(slot, a.prompt[start:end], start, logits_last=last)
-        if not ok:
-            self._fail(slot, events, "llama_decode failed during prefill")
-            return
-        slot.tokens.extend(a.prompt[start:end])
-        if end - start == self.chunk and slot.exact == start:
-            slot.exact = end
-        a.pos = end
-        if last:
-            a.t_prefill_done = time.perf_counter()
-            self._sample(slot, end - start - 1, events)
-
-    def _decode(self, slots: list[Slot], events: list[Event]) -> None:
-        """One batch: each decoding slot's pending token, plus its drafts when it speculates.
-        Every emitted token is the target's own sample from these logits; a draft is kept only
-        while it equals that sample, and the KV of rejected drafts is removed."""
-        b = self.batch
+    def _run_step(self, decoding: list[Slot], prefilling: list[Slot], events: list[Event]) -> None:
+        """One llama_decode: each decoding slot's pending token (plus its drafts when it
+        speculates), then prefill tokens of the prefilling slots, oldest first. Every emitted
+        token is the target's own sample from these logits; a draft is kept only while it equals
+        that sample, and the KV of rejected drafts is removed."""
         prof = self.profiler
-        plan: list[tuple[Slot, int, list[int]]] = []
-        with prof.span("draft"):
-            spec = [s for s in slots if s.active and s.active.drafters]
-            drafts_of = dict(zip((s.seq for s in spec), self.spec.plan([self._job(s) for s in spec], len(slots)),
-                                 strict=True))
+        plan: list[tuple[Slot, int, list[int]]] = []  # decoding slot, its first row, its drafts
+        parts: list[tuple[Slot, int, int, int]] = []  # prefilling slot, prompt start, end, first row
+        n = 0
+        if decoding:
+            with prof.span("draft"):
+                spec = [s for s in decoding if s.active and s.active.drafters]
+                drafts_of = dict(zip((s.seq for s in spec), self.spec.plan([self._job(s) for s in spec], len(decoding)),
+                                     strict=True))
         with prof.span("batch_build"):
-            n = 0
-            for slot in slots:
+            for slot in decoding:
                 a = slot.active
                 assert a is not None and a.pending is not None
-                drafts = drafts_of.get(slot.seq, [])
+                drafts = drafts_of.get(slot.seq, [])[: max(0, self.n_batch - n - len(decoding) + len(plan))]
                 pos = len(slot.tokens)
                 for j, t in enumerate([a.pending, *drafts]):
-                    self._put(n + j, t, pos + j, slot.seq, True)
+                    put(self.batch, n + j, t, pos + j, slot.seq, True)
                 plan.append((slot, n, drafts))
                 n += 1 + len(drafts)
-            b.n_tokens = n
-        with prof.span("decode"):
-            t0 = time.perf_counter()
-            rc = self._L.llama_decode(self.ctx, b)
-            self.spec.observe(n, time.perf_counter() - t0)
-        if rc != 0:
-            for slot in slots:
-                self._fail(slot, events, f"llama_decode returned {rc} while decoding")
-            return
-        for slot, row, drafts in plan:
-            a = slot.active
-            assert a is not None and a.pending is not None
-            slot.tokens.append(a.pending)
-            a.pending = None
-            accepted = 0
-            a.drafted += len(drafts)  # counted before sampling: the last sample may finish the reply
-            for j in range(len(drafts) + 1):
-                if j > 0:
-                    a.accepted += 1
-                if not self._sample(slot, row + j, events):
+            budget = self.n_batch - n if not decoding else min(self.budget, self.n_batch - n)
+            for slot in prefilling:
+                if budget <= 0:
                     break
-                if j < len(drafts) and a.pending == drafts[j]:
-                    slot.tokens.append(drafts[j])  # its KV is already in place
-                    a.pending = None
-                    accepted += 1
-                    continue
+                a = slot.active
+                assert a is not None
+                start = a.pos
+                end = self._exact_chunk_end(a.prompt, start) if self.exact else min(len(a.prompt), start + budget)
+                for i in range(start, end):
+                    put(self.batch, n + i - start, a.prompt[i], i, slot.seq, i == len(a.prompt) - 1)
+                parts.append((slot, start, end, n))
+                n += end - start
+                budget -= end - start
+            self.batch.n_tokens = n
+        with prof.span("prefill" if parts else "decode"):
+            t0 = time.perf_counter()
+            rc = self._llama_decode(self.batch)
+            if decoding and not parts:
+                self.spec.observe(n, time.perf_counter() - t0)
+        if rc != 0:
+            for slot in [*decoding, *(p[0] for p in parts)]:
+                self._fail(slot, events, f"llama_decode returned {rc} for a batch of {n} tokens")
+            return
+        for slot, start, end, row in parts:
+            a = slot.active
+            assert a is not None
+            slot.tokens.extend(a.prompt[start:end])
+            if self.exact and slot.exact == start and self._is_boundary(a.prompt, end):
+                slot.exact = end
+            a.pos = end
+            if end == len(a.prompt):
+                a.t_prefill_done = time.perf_counter()
+                self._sample(slot, row + end - start - 1, events)
+        for slot, row, drafts in plan:
+            self._accept(slot, row, drafts, events)
+
+    def _accept(self, slot: Slot, row: int, drafts: list[int], events: list[Event]) -> None:
+        a = slot.active
+        assert a is not None and a.pending is not None
+        slot.tokens.append(a.pending)
+        a.pending = None
+        accepted = 0
+        a.drafted += len(drafts)  # counted before sampling: the last sample may finish the reply
+        for j in range(len(drafts) + 1):
+            if not self._sample(slot, row + j, events):
                 break
-            if drafts:
-                self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
-                self.spec.record(a, len(drafts), accepted)
+            if j < len(drafts) and a.pending == drafts[j]:
+                slot.tokens.append(drafts[j])  # its KV is already in place
+                a.pending = None
+                accepted += 1
+                continue
+            break
+        a.accepted += accepted
+        if drafts:
+            self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
+            self.spec.record(a, len(drafts), accepted)
+
+    def _reusable(self, slot: Slot, prompt: list[int]) -> int:
+        return slot.reusable(prompt, self.chunk, self.exact, self._is_eog)
+
+    def _is_eog(self, token: int) -> bool:
+        return bool(self._L.llama_vocab_is_eog(self.vocab, token))
+
+    # ---- exact policy: chunk boundaries at the grid and after each end of turn ----------------------
+
+    def _is_boundary(self, tokens: list[int], end: int) -> bool:
+        return end % self.chunk == 0 or (end > 0 and self._is_eog(tokens[end - 1]))
+
+    def _exact_chunk_end(self, tokens: list[int], start: int) -> int:
+        """Where the chunk starting at `start` ends: the next grid point, or right after an
+        end-of-turn token before it, so a conversation prefilled whole and one prefilled turn by
+        turn are cut into the same chunks."""
+        grid = min(len(tokens), (start // self.chunk + 1) * self.chunk)
+        for i in range(start, grid - 1):
+            if self._is_eog(tokens[i]):
+                return i + 1
+        return grid
 
     def _job(self, slot: Slot) -> Job:
         a = slot.active
         assert a is not None and a.pending is not None
-        room = min(a.max_tokens - a.n_gen - 1, min(self.cfg.n_ctx, a.req.ctx_limit or self.cfg.n_ctx)
-                   - len(slot.tokens) - 2)
+        room = min(a.max_tokens - a.n_gen - 1, a.n_ctx - len(slot.tokens) - 2)
         return Job(a, slot.seq, [*slot.tokens, a.pending], room)
-
-    def _measure_cost(self) -> None:
-        """Time verifying k drafts on this machine, in an idle slot (when every slot is free)."""
-        L = self._L
-        scratch = self.slots[-1]
-        seq = scratch.seq  # its cached prefix is given up once, for this measurement
-        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-        scratch.tokens.clear()
-        scratch.tail.clear()
-        scratch.exact = scratch.saved = 0
-        base = [self.bos if self.bos >= 0 else 0] * 64
-        self._run(scratch, base, 0, logits_last=False)
-        for k in (0, 1, 2, 4, 8):
-            best = float("inf")
-            for _ in range(3):
-                for j in range(k + 1):
-                    self._put(j, base[j], 64 + j, seq, True)
-                self.batch.n_tokens = k + 1
-                t0 = time.perf_counter()
-                L.llama_decode(self.ctx, self.batch)
-                best = min(best, time.perf_counter() - t0)
-                L.llama_memory_seq_rm(self.mem, seq, 64, -1)
-            self.spec.cost[k] = best
-        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-        log.info("verification cost by draft length (ms): %s",
-                 {k: round(v * 1000, 1) for k, v in self.spec.cost.items()})
 
     def _sample(self, slot: Slot, row: int, events: list[Event]) -> bool:
         """Sample, emit and account one token; True when the request goes on (token pending)."""
@@ -446,7 +448,7 @@ class LlamaCppEngine:
         if stopped:
             self._finish(slot, "stop", events, flush=False)
             return False
-        if a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= min(self.cfg.n_ctx, a.req.ctx_limit or self.cfg.n_ctx):
+        if a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= a.n_ctx:
             self._finish(slot, "length", events)
             return False
         a.pending = token
@@ -483,98 +485,56 @@ class LlamaCppEngine:
         events.append(ErrorEvent(a.req.id, EngineError(message).to_wire()))
         a.sampler.close()
         slot.active = None
-        # the sequence's KV may be partly written: forget it entirely
-        self._L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
-        slot.tokens.clear()
-        slot.tail.clear()
-        slot.exact = slot.saved = 0
+        slot.forget(self._L, self.mem)  # the sequence's KV may be partly written
 
-    # ---- the disk prefix cache ------------------------------------------------------------------
-
-    def _from_disk(self, prompt: list[int], live: int, target: Slot) -> tuple[Slot, int] | None:
-        """Load the deepest stored prefix of `prompt` into `target` when it beats the live reuse."""
-        if self.prefix is None:
-            return None
-        n_blocks = (len(prompt) - 1) // self.chunk
-        if n_blocks * self.chunk <= live:
-            return None
-        match = self.prefix.lookup(block_hashes(self.ns, prompt[: n_blocks * self.chunk], self.chunk))
-        if match is None or match.depth * self.chunk <= live:
-            if match is None:
-                self.prefix_stats["misses"] += 1
-            return None
-        n = match.depth * self.chunk
-        state = self.prefix.read(match.entry, prompt[:n])
-        L = self._L
-        L.llama_memory_seq_rm(self.mem, target.seq, -1, -1)
-        target.tokens.clear()
-        target.tail.clear()
-        target.exact = target.saved = 0
-        if state is None:
-            self.prefix_stats["dropped"] += 1
-            return None
-        src = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data(self.ctx, src, len(state), target.seq) == 0:
-            log.warning("prefix cache: llama.cpp refused entry %s; dropping it", match.entry)
-            self.prefix.drop(match.entry)
-            self.prefix_stats["dropped"] += 1
-            L.llama_memory_seq_rm(self.mem, target.seq, -1, -1)
-            return None
-        L.llama_memory_seq_rm(self.mem, target.seq, n, -1)
-        target.tokens[:] = prompt[:n]
-        target.exact = target.saved = n
-        self.prefix_stats["hits"] += 1
-        self.prefix_stats["tokens_restored"] += n
-        return target, n
-
-    def _save(self, slot: Slot) -> None:
-        """Queue the slot's exact prefix for the disk cache (the writer thread does the I/O)."""
-        n = slot.exact
-        L = self._L
-        if len(slot.tokens) > n:  # drop the partial tail: it is not exact, so never reused
-            L.llama_memory_seq_rm(self.mem, slot.seq, n, -1)
-            del slot.tokens[n:]
-        slot.tail.clear()
-        slot.saved = n
-        hashes = block_hashes(self.ns, slot.tokens[:n], self.chunk)
-        assert self.prefix is not None and self.writer is not None
-        if self.prefix.has(hashes[-1]):
-            return
-        size = L.llama_state_seq_get_size(self.ctx, slot.seq)
-        buf = (ctypes.c_uint8 * size)()
-        got = L.llama_state_seq_get_data(self.ctx, buf, size, slot.seq)
-        if got:
-            self.writer.submit(self.ns, list(slot.tokens[:n]), hashes, bytes(memoryview(buf)[:got]))
-            self.prefix_stats["saved"] += 1
-
-    # ---- idle work: make the last reply's KV exact, then save it ---------------------------------
+    # ---- idle work ----------------------------------------------------------------------------
 
     def _idle_slot(self) -> Slot | None:
+        """A free slot with work for an idle moment: (exact) a reply to re-prefill, or a snapshot
+        for the prefix cache."""
         if self.waiting:
             return None
-        for slot in self.slots:
-            if slot.active is None and slot.exact + self.chunk <= len(slot.tokens) + len(slot.tail):
-                return slot
+        if self.exact:
+            for slot in self.slots:
+                if slot.active is None and self._reprefill_end(slot) is not None:
+                    return slot
         if self.prefix is not None:
             for slot in self.slots:
-                if slot.active is None and slot.exact >= self.cfg.prefix_min_tokens and slot.exact > slot.saved:
+                if slot.active is None and self.prefix.wants(slot):
                     return slot
         return None
 
+    def _idle_work(self) -> None:
+        slot = self._idle_slot()
+        if slot is not None and not self.waiting:
+            if self.exact and self._reprefill_end(slot) is not None:
+                self._reprefill_chunk(slot)
+            elif self.prefix is not None:
+                with self.profiler.span("prefix_save"):
+                    self.prefix.save(self._L, self.ctx, self.mem, slot)
+        elif self._cost_pending():
+            self._measure_cost()
+
+    def _reprefill_end(self, slot: Slot) -> int | None:
+        """(exact) The end of the next whole chunk past `exact` of the slot's reply, if any."""
+        seq = slot.tokens + slot.tail
+        if slot.exact >= len(seq):
+            return None
+        end = self._exact_chunk_end(seq, slot.exact)
+        return end if self._is_boundary(seq, end) else None
+
     def _reprefill_chunk(self, slot: Slot) -> None:
-        """Recompute one whole chunk past `exact` as prefill would, dropping decode-time KV; or,
-        when nothing is left to recompute, save the slot's exact prefix to disk. A command
-        arriving from the daemon aborts the decode, so idle work never delays a new request."""
-        if slot.exact + self.chunk > len(slot.tokens) + len(slot.tail):
-            self._save(slot)
-            return
+        """(exact) Recompute one whole chunk past `exact` as prefill would, dropping decode-time KV.
+        A command arriving from the daemon aborts the decode, so idle work never delays a request."""
+        end = self._reprefill_end(slot)
+        assert end is not None
         start = slot.exact
         L = self._L
         if len(slot.tokens) > start:  # decode-time KV past `exact`: drop it, keep its tokens to redo
             slot.tail[:0] = slot.tokens[start:]
             del slot.tokens[start:]
             L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
-        chunk = slot.tail[: self.chunk]
+        chunk = slot.tail[: end - start]
         L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
         try:
             ok = self._run(slot, chunk, start, logits_last=False)
@@ -584,29 +544,46 @@ class LlamaCppEngine:
             L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
             return
         slot.tokens.extend(chunk)
-        del slot.tail[: self.chunk]
-        slot.exact = start + self.chunk
+        del slot.tail[: end - start]
+        slot.exact = end
+
+    def _measure_cost(self) -> None:
+        """Time verifying k drafts on this machine, in an idle slot (when every slot is free)."""
+        L = self._L
+        scratch = self.slots[-1]
+        scratch.forget(L, self.mem)  # its cached prefix is given up once, for this measurement
+        seq = scratch.seq
+        base = [self.bos if self.bos >= 0 else 0] * 64
+        self._run(scratch, base, 0, logits_last=False)
+        for k in (0, 1, 2, 4, 8):
+            best = float("inf")
+            for _ in range(3):
+                for j in range(k + 1):
+                    put(self.batch, j, base[j], 64 + j, seq, True)
+                self.batch.n_tokens = k + 1
+                t0 = time.perf_counter()
+                self._llama_decode(self.batch)
+                best = min(best, time.perf_counter() - t0)
+                L.llama_memory_seq_rm(self.mem, seq, 64, -1)
+            self.spec.cost[k] = best
+        scratch.forget(L, self.mem)
+        log.info("verification cost by draft length (ms): %s",
+                 {k: round(v * 1000, 1) for k, v in self.spec.cost.items()})
 
     def _warm_up(self) -> None:
-        """One throwaway decode, so buffers are touched and the first request pays no first-call costs."""
-        L = self._L
-        tok = self.bos if self.bos >= 0 else 0
-        self._put(0, tok, 0, 0, True)
-        self.batch.n_tokens = 1
-        L.llama_decode(self.ctx, self.batch)
-        L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        """Run every kernel a request will, so one that crashes does so while loading (context.warm_up)."""
+        n = min(self.n_batch, max(64, self.chunk))
+        if not warm_up(self._llama_decode, self.batch, self.mem, n, len(self.slots), self.n_vocab):
+            raise EngineError(f"llama.cpp failed its warm-up decode of {self.cfg.model_name}")
 
     # ---- llama.cpp helpers --------------------------------------------------------------------
-
-    def _put(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
-        put(self.batch, i, token, pos, seq, logits)
 
     def _run(self, slot: Slot, tokens: list[int], start: int, logits_last: bool) -> bool:
         n = len(tokens)
         for i, t in enumerate(tokens):
-            self._put(i, t, start + i, slot.seq, logits_last and i == n - 1)
+            put(self.batch, i, t, start + i, slot.seq, logits_last and i == n - 1)
         self.batch.n_tokens = n
-        return self._L.llama_decode(self.ctx, self.batch) == 0
+        return self._llama_decode(self.batch) == 0
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         L = self._L

@@ -1,204 +1,181 @@
-"""The on-disk prompt-prefix KV cache: survives restarts, unloads and model switches.
+"""The prefix cache of one engine: what to keep of a slot's KV beyond the slot, and how to bring
+it back. Two tiers: recently evicted sequences in memory, then the disk store (prefix_store.py),
+which survives restarts and model switches.
 
-Prompts are cut into blocks of `chunk` tokens; block i's key is a hash chain over a namespace
-(model digest, KV settings, llama.cpp version) and the tokens of blocks 0..i. An entry is one
-sequence's KV state (`llama_state_seq_get_data`) for its first n tokens, all computed by aligned
-prefill, with those tokens; the SQLite index maps every block hash the entry covers to it, so a
-new prompt finds its deepest stored block with one query.
-
-Files are written atomically (temp file, fsync, rename) and carry a CRC32 and their tokens; a
-payload that fails either, or that llama.cpp refuses to load, is dropped and logged, never used.
-Least recently used entries go first when the size bound is passed.
+A snapshot is taken when the engine is idle (or at shutdown), never on a request's path: the
+slot's state is copied once (`llama_state_seq_get_data`), kept in memory, and handed to the
+writer thread for disk. A lookup finds the deepest stored block of a prompt in either tier and,
+under the fast policy, extends the match token by token against the entry's own tokens; the
+exact policy restores only whole blocks of prefill-computed KV. The entry is read and checked
+before the target slot is touched, so a bad entry never costs the slot its live KV.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import ctypes
 import logging
-import os
-import struct
-import threading
-import time
-import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
-from llmd.db import open_db
+from llmd.backends.llamacpp.prefix_store import PrefixStore, PrefixWriter, block_hashes, namespace
+from llmd.backends.llamacpp.slots import Slot, common_prefix
 
 log = logging.getLogger("llmd.prefix_cache")
-MAGIC = b"LLMDKV1\n"
 
 
-def _m001_index(db: sqlite_utils.Database) -> None:
-    db.table("entries").create({"id": str, "namespace": str, "n_tokens": int, "size": int, "created_at": float,
-                          "last_used": float, "hits": int}, pk="id")
-    db.table("entries").create_index(["last_used"])
-    db.table("blocks").create({"hash": str, "entry": str, "depth": int}, pk="hash")
-    db.table("blocks").create_index(["entry"])
-
-
-MIGRATIONS = [("001_index", _m001_index)]
-
-
-def namespace(model_digest: str, chunk: int, kv_type: str = "f16") -> str:
-    import llama_cpp
-
-    return f"{model_digest}|{kv_type}|chunk={chunk}|llama_cpp={llama_cpp.__version__}"
-
-
-def block_hashes(ns: str, tokens: list[int], chunk: int) -> list[str]:
-    """Hash chain over whole blocks: hashes[i] covers tokens[: (i + 1) * chunk]."""
-    out = []
-    h = hashlib.sha256(ns.encode()).digest()
-    for start in range(0, len(tokens) - len(tokens) % chunk, chunk):
-        h = hashlib.sha256(h + struct.pack(f"<{chunk}i", *tokens[start:start + chunk])).digest()
-        out.append(h.hex())
-    return out
-
-
-@dataclass(frozen=True)
-class Match:
+@dataclass
+class Hit:
+    source: str  # "memory" | "disk"
     entry: str
-    depth: int  # whole blocks of the prompt this entry covers
+    tokens: list[int]
+    state: bytes
+    n: int  # prompt tokens it serves
 
 
-class PrefixStore:
-    """The index and the files. One instance per thread (each has its own SQLite connection)."""
+class PrefixCache:
+    def __init__(self, root: str, max_bytes: int, ram_bytes: int, model_digest: str, chunk: int, exact: bool,
+                 min_tokens: int) -> None:
+        self.chunk = chunk
+        self.exact = exact
+        self.min_tokens = min_tokens
+        self.ns = namespace(model_digest, chunk, "exact" if exact else "fast")
+        self.disk = PrefixStore(Path(root), max_bytes) if root and max_bytes > 0 else None
+        self.writer = PrefixWriter(Path(root), max_bytes) if self.disk is not None else None
+        self.ram_bytes = ram_bytes
+        self._ram: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()  # entry -> (tokens, state), LRU
+        self._ram_blocks: dict[str, tuple[str, int]] = {}  # block hash -> (entry, depth)
+        self._ram_used = 0
+        self.stats = {"hits": 0, "memory_hits": 0, "misses": 0, "tokens_restored": 0, "saved": 0, "dropped": 0}
 
-    def __init__(self, root: Path, max_bytes: int) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        self.db = open_db(root / "index.db", MIGRATIONS)
-        self.max_bytes = max_bytes
+    @property
+    def enabled(self) -> bool:
+        return self.disk is not None or self.ram_bytes > 0
 
-    def path(self, entry: str) -> Path:
-        return self.root / f"{entry}.kv"
+    # ---- lookup and restore -----------------------------------------------------------------------
 
-    def lookup(self, hashes: list[str]) -> Match | None:
+    def lookup(self, prompt: list[int], live: int) -> Hit | None:
+        """The stored prefix serving the most of `prompt`, when it beats `live` tokens of reuse."""
+        n_blocks = (len(prompt) - 1) // self.chunk
+        if n_blocks * self.chunk <= live:
+            return None
+        hashes = block_hashes(self.ns, prompt[: n_blocks * self.chunk], self.chunk)
+        hit = self._from_ram(hashes, prompt) or self._from_disk(hashes, prompt, live)
+        if hit is None:
+            self.stats["misses"] += 1
+            return None
+        return hit if hit.n > live else None
+
+    def _serves(self, tokens: list[int], prompt: list[int], depth: int) -> int:
+        if self.exact:
+            return depth * self.chunk
+        return min(common_prefix(tokens, prompt), len(prompt) - 1)
+
+    def _from_ram(self, hashes: list[str], prompt: list[int]) -> Hit | None:
+        best = max((self._ram_blocks[h] for h in hashes if h in self._ram_blocks), key=lambda e: e[1], default=None)
+        if best is None:
+            return None
+        entry, depth = best
+        tokens, state = self._ram[entry]
+        self._ram.move_to_end(entry)
+        return Hit("memory", entry, tokens, state, self._serves(tokens, prompt, depth))
+
+    def _from_disk(self, hashes: list[str], prompt: list[int], live: int) -> Hit | None:
+        if self.disk is None:
+            return None
+        match = self.disk.lookup(hashes)
+        if match is None or match.depth * self.chunk <= live:  # not worth reading the file
+            return None
+        got = self.disk.read(match.entry, prompt[: match.depth * self.chunk])
+        if got is None:
+            self.stats["dropped"] += 1
+            return None
+        tokens, state = got
+        return Hit("disk", match.entry, tokens, state, self._serves(tokens, prompt, match.depth))
+
+    def restore(self, L: Any, ctx: Any, mem: Any, slot: Slot, hit: Hit) -> bool:
+        """Load `hit` into `slot` and trim it to the tokens it serves. False (slot emptied, entry
+        dropped) when llama.cpp refuses the state."""
+        slot.forget(L, mem)
+        src = ctypes.cast(ctypes.c_char_p(hit.state), ctypes.POINTER(ctypes.c_uint8))
+        if L.llama_state_seq_set_data(ctx, src, len(hit.state), slot.seq) == 0:
+            log.warning("prefix cache: llama.cpp refused %s entry %s; dropping it", hit.source, hit.entry)
+            self._drop(hit)
+            slot.forget(L, mem)
+            return False
+        slot.tokens[:] = hit.tokens
+        slot.saved = len(hit.tokens)
+        slot.exact = len(hit.tokens) if self.exact else 0
+        slot.truncate(L, mem, hit.n)
+        self.stats["hits"] += 1
+        self.stats["memory_hits"] += hit.source == "memory"
+        self.stats["tokens_restored"] += hit.n
+        return True
+
+    def _drop(self, hit: Hit) -> None:
+        self.stats["dropped"] += 1
+        if hit.source == "memory":
+            self._forget_ram(hit.entry)
+        elif self.disk is not None:
+            self.disk.drop(hit.entry)
+
+    # ---- snapshots ----------------------------------------------------------------------------
+
+    def wants(self, slot: Slot) -> bool:
+        """Whether the idle slot holds KV worth a snapshot that is not stored yet."""
+        n = slot.exact if self.exact else len(slot.tokens)
+        return self.enabled and n >= max(self.min_tokens, self.chunk) and n > slot.saved
+
+    def save(self, L: Any, ctx: Any, mem: Any, slot: Slot) -> None:
+        """Snapshot the slot's KV (exact policy: its exact prefix only) into memory and to disk."""
+        if self.exact:
+            slot.truncate(L, mem, slot.exact)  # the partial tail is not exact, so never reused
+        tokens = list(slot.tokens)
+        slot.saved = len(tokens)
+        hashes = block_hashes(self.ns, tokens, self.chunk)
         if not hashes:
-            return None
-        marks = ",".join("?" * len(hashes))
-        row = self.db.execute(
-            f"select entry, depth from blocks where hash in ({marks}) order by depth desc limit 1", hashes).fetchone()
-        return Match(row[0], row[1]) if row else None
-
-    def has(self, block_hash: str) -> bool:
-        return self.db.execute("select 1 from blocks where hash = ?", [block_hash]).fetchone() is not None
-
-    def read(self, entry: str, expect: list[int]) -> bytes | None:
-        """The state bytes of an entry whose tokens start with `expect`, or None (entry dropped)."""
-        path = self.path(entry)
-        try:
-            data = path.read_bytes()
-            if data[:8] != MAGIC:
-                raise ValueError("bad magic")
-            (hlen,) = struct.unpack_from("<Q", data, 8)
-            header = json.loads(data[16:16 + hlen])
-            state = data[16 + hlen:]
-            if len(state) != header["size"]:
-                raise ValueError(f"payload is {len(state)} bytes, header says {header['size']}")
-            if zlib.crc32(state) != header["crc32"]:
-                raise ValueError("checksum mismatch")
-            if header["tokens"][: len(expect)] != expect:
-                raise ValueError("tokens do not match the index")
-        except (OSError, ValueError, KeyError, struct.error) as e:
-            log.warning("prefix cache: dropping entry %s: %s", entry, e)
-            self.drop(entry)
-            return None
-        with self.db.conn:
-            self.db.conn.execute("update entries set last_used = ?, hits = hits + 1 where id = ?", [time.time(), entry])
-        return state
-
-    def write(self, ns: str, tokens: list[int], hashes: list[str], state: bytes) -> str:
-        entry = hashes[-1][:32]
-        header = json.dumps({"n_tokens": len(tokens), "tokens": tokens, "size": len(state),
-                             "crc32": zlib.crc32(state)}).encode()
-        path = self.path(entry)
-        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        with tmp.open("wb") as f:
-            f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-            f.write(state)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        now = time.time()
-        size = path.stat().st_size
-        with self.db.conn:
-            self.db.conn.execute("insert or replace into entries values (?, ?, ?, ?, ?, ?, 0)",
-                                 [entry, ns, len(tokens), size, now, now])
-            self.db.conn.executemany("insert or replace into blocks values (?, ?, ?)",
-                                     [(h, entry, i + 1) for i, h in enumerate(hashes)])
-        self.evict()
-        return entry
-
-    def drop(self, entry: str) -> None:
-        with self.db.conn:
-            self.db.conn.execute("delete from blocks where entry = ?", [entry])
-            self.db.conn.execute("delete from entries where id = ?", [entry])
-        self.path(entry).unlink(missing_ok=True)
-
-    def evict(self) -> None:
-        total = self.db.execute("select coalesce(sum(size), 0) from entries").fetchone()[0]
-        if total <= self.max_bytes:
             return
-        for entry, size in self.db.execute("select id, size from entries order by last_used").fetchall():
-            self.drop(entry)
-            total -= size
-            if total <= self.max_bytes:
-                break
+        in_ram = hashes[-1] in self._ram_blocks and len(self._ram[self._ram_blocks[hashes[-1]][0]][0]) >= len(tokens)
+        on_disk = self.disk is not None and self.disk.has(hashes[-1])
+        if in_ram and (on_disk or self.disk is None):
+            return
+        size = L.llama_state_seq_get_size(ctx, slot.seq)
+        buf = (ctypes.c_uint8 * size)()
+        got = L.llama_state_seq_get_data(ctx, buf, size, slot.seq)
+        if not got:
+            return
+        state = bytes(memoryview(buf)[:got])
+        self._keep_ram(hashes, tokens, state)
+        if self.writer is not None and not on_disk:
+            self.writer.submit(self.ns, tokens, hashes, state)
+        self.stats["saved"] += 1
 
-    def stats(self) -> dict[str, Any]:
-        n, size = self.db.execute("select count(*), coalesce(sum(size), 0) from entries").fetchone()
-        hits = self.db.execute("select coalesce(sum(hits), 0) from entries").fetchone()[0]
-        return {"entries": n, "bytes": size, "max_bytes": self.max_bytes, "entry_hits": hits}
+    def _keep_ram(self, hashes: list[str], tokens: list[int], state: bytes) -> None:
+        if len(state) > self.ram_bytes:
+            return
+        entry = hashes[-1][:32]
+        self._forget_ram(entry)
+        self._ram[entry] = (tokens, state)
+        self._ram_used += len(state)
+        for depth, h in enumerate(hashes, 1):
+            self._ram_blocks[h] = (entry, depth)
+        while self._ram_used > self.ram_bytes and self._ram:
+            self._forget_ram(next(iter(self._ram)))
 
-    def clear(self) -> int:
-        ids = [r[0] for r in self.db.execute("select id from entries").fetchall()]
-        for entry in ids:
-            self.drop(entry)
-        for stray in self.root.glob("*.kv"):
-            stray.unlink(missing_ok=True)
-        return len(ids)
+    def _forget_ram(self, entry: str) -> None:
+        got = self._ram.pop(entry, None)
+        if got is None:
+            return
+        self._ram_used -= len(got[1])
+        for h in [h for h, (e, _) in self._ram_blocks.items() if e == entry]:
+            del self._ram_blocks[h]
 
+    def info(self) -> dict[str, Any]:
+        return {**self.stats, "enabled": self.enabled, "memory_entries": len(self._ram),
+                "memory_bytes": self._ram_used}
 
-class PrefixWriter:
-    """Writes entries on a background thread so saving never delays a reply or a step."""
-
-    def __init__(self, root: Path, max_bytes: int) -> None:
-        self._root, self._max = root, max_bytes
-        self._jobs: list[tuple[str, list[int], list[str], bytes]] = []
-        self._cv = threading.Condition()
-        self._closed = False
-        self.saved = 0
-        self._thread = threading.Thread(target=self._run, name="llmd-prefix-writer", daemon=True)
-        self._thread.start()
-
-    def submit(self, ns: str, tokens: list[int], hashes: list[str], state: bytes) -> None:
-        with self._cv:
-            self._jobs.append((ns, tokens, hashes, state))
-            self._cv.notify()
-
-    def close(self, timeout: float = 10.0) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        store = PrefixStore(self._root, self._max)
-        while True:
-            with self._cv:
-                while not self._jobs and not self._closed:
-                    self._cv.wait()
-                if not self._jobs:
-                    return
-                job = self._jobs.pop(0)
-            try:
-                store.write(*job)
-                self.saved += 1
-            except Exception:
-                log.exception("prefix cache: could not save an entry")
+    def close(self) -> None:
+        """Write every pending snapshot to disk (a graceful shutdown loses none)."""
+        if self.writer is not None:
+            self.writer.close(timeout=60.0)

@@ -1,14 +1,19 @@
 """Slot and request state for the llama.cpp step loop.
 
-A slot is one sequence id in the shared context. It remembers which tokens its KV holds and
-how many of them were computed by aligned prefill chunks (`exact`): only those are reused,
-because decode-time KV differs slightly from what prefill computes (DESIGN: Determinism).
+A slot is one sequence id in the shared context. It remembers which tokens its KV holds, how
+many of them were computed by aligned prefill chunks (`exact`, used only by the exact policy:
+decode-time KV differs slightly from what prefill computes, DESIGN: Two batching policies) and
+how many are stored in the prefix cache (`saved`). Its operations keep those invariants
+(exact <= len(tokens), saved <= len(tokens)) in one place: `truncate` and `forget` also drop
+the KV from llama.cpp's memory.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmd.backends.base import GenerationRequest
 from llmd.backends.llamacpp.sampler import SamplerChain
@@ -25,6 +30,7 @@ class Active:
     sampler: SamplerChain
     text: TextStream
     t_received: float
+    n_ctx: int = 0  # the context this request may use (the slot's, or its own smaller bound)
     cached: int = 0
     t_admitted: float = 0.0
     pos: int = 0  # next prompt index to prefill
@@ -46,24 +52,48 @@ class Active:
         return self.pos < len(self.prompt)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
 @dataclass
 class Slot:
     seq: int
     tokens: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds, in order
-    exact: int = 0  # tokens[:exact] came from aligned prefill chunks (a multiple of the chunk)
-    saved: int = 0  # tokens[:saved] are in the disk prefix cache already
+    exact: int = 0  # tokens[:exact] came from aligned prefill chunks (exact policy)
+    saved: int = 0  # tokens[:saved] are in the prefix cache already
     tail: list[int] = field(default_factory=list)  # tokens after `tokens` whose KV was dropped, to re-prefill
     active: Active | None = None
     last_used: float = field(default_factory=time.monotonic)
 
-    def reusable(self, prompt: list[int], chunk: int) -> int:
-        """How many leading prompt tokens this slot can serve from exact KV, in whole chunks,
-        always leaving at least one token to compute so the request gets fresh logits."""
-        limit = min(self.exact, len(prompt))
-        n = 0
-        while n < limit and self.tokens[n] == prompt[n]:
-            n += 1
-        n -= n % chunk
-        if n >= len(prompt):
-            n = max(0, (len(prompt) - 1) // chunk * chunk)
+    def reusable(self, prompt: list[int], chunk: int, exact: bool = True,
+                 end_of_turn: Callable[[int], bool] = lambda _t: False) -> int:
+        """How many leading prompt tokens this slot's KV can serve, always leaving at least one
+        token to compute so the request gets fresh logits. Fast policy: any common prefix, token by
+        token, decode-time KV included. Exact policy: only KV from aligned prefill, in whole chunks
+        (a chunk ends at a multiple of `chunk` or right after an end-of-turn token)."""
+        if not exact:
+            return max(0, min(common_prefix(self.tokens, prompt), len(prompt) - 1))
+        n = common_prefix(self.tokens[: min(self.exact, len(prompt) - 1)], prompt)
+        while n > 0 and n % chunk and not end_of_turn(prompt[n - 1]):
+            n -= 1
         return n
+
+    def truncate(self, L: Any, mem: Any, n: int) -> None:
+        """Keep the KV of the first n tokens, drop the rest (and any tail waiting to be re-prefilled)."""
+        if n < len(self.tokens):
+            L.llama_memory_seq_rm(mem, self.seq, n, -1)
+            del self.tokens[n:]
+        self.tail.clear()
+        self.exact = min(self.exact, n)
+        self.saved = min(self.saved, n)
+
+    def forget(self, L: Any, mem: Any) -> None:
+        """Drop the sequence entirely (its KV may be partly written, or is given up)."""
+        L.llama_memory_seq_rm(mem, self.seq, -1, -1)
+        self.tokens.clear()
+        self.tail.clear()
+        self.exact = self.saved = 0

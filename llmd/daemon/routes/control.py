@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmd import __version__
-from llmd.backends.llamacpp.prefix_cache import PrefixStore
+from llmd.backends.llamacpp.prefix_store import PrefixStore
 from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import parse_body
 from llmd.daemon.security import check_token
@@ -124,7 +124,7 @@ async def remove_model(request: Request) -> Response:
 async def load_model(request: Request) -> Response:
     _authorize(request)
     body = await parse_body(request, _ModelRef)
-    worker, load_s = await request.app.state.scheduler.worker_for(body.model)
+    worker, load_s = await request.app.state.scheduler.worker_for(body.model, explicit=True)
     return JSONResponse({"model": body.model, "pid": worker.pid, "load_s": round(load_s, 3)})
 
 

@@ -1,0 +1,198 @@
+"""llmd against llama.cpp's own llama-server, path by path, in the fast and the exact policy.
+
+Builds or finds llama-server with ../shared/tools/build-llama-server.sh (same llama.cpp as
+llama-cpp-python), starts each system alone on a free port with the same model, threads, slots
+and context (-np 4 -c 16384 -t 2 vs LLMD_SLOTS=4 LLMD_CTX=4096 LLMD_THREADS=2), runs every path a
+few rounds (waiting for llmd's idle work between requests, so it never slows what is measured),
+and prints medians with the ratio llmd / llama-server. Tokens are counted from each server's
+`usage`. On a CPU with AMX, llama-server runs with --no-repack (it segfaults otherwise).
+
+    python benchmarks/vs_llama_server.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import ROOT, free_port, med, start_llmd, stop, wait_http, wait_idle  # noqa: E402
+
+THREADS = "2"
+WORDS = ("lighthouse keeper harbour storm lantern rope tide gull cliff beacon ship fog bell signal wave "
+         "stone stair window night morning oil wick glass island coast current anchor sail cargo").split()
+
+
+def text_of(n_words: int, seed: int) -> str:
+    rnd = random.Random(seed)
+    return " ".join(rnd.choice(WORDS) for _ in range(n_words))
+
+
+class Peer:
+    """One running system: an OpenAI-compatible base URL, and how to wait until it is idle."""
+
+    def __init__(self, name: str, url: str, idle: Callable[[], None]) -> None:
+        self.name, self.url, self.idle = name, url, idle
+        self.http = httpx.Client(timeout=600)
+
+    def stream(self, messages: list[dict], max_tokens: int, **extra: object) -> tuple[float, float, int, int, str]:
+        """(ttft s, decode tok/s, completion tokens, prompt tokens, text); tokens from usage."""
+        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, **extra}
+        t0 = time.perf_counter()
+        first = last = 0.0
+        usage: dict = {}
+        pieces: list[str] = []
+        with self.http.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for ch in chunk.get("choices", []):
+                    if (ch.get("delta") or {}).get("content"):
+                        pieces.append(ch["delta"]["content"])
+                        last = time.perf_counter()
+                        first = first or last
+        n = int(usage.get("completion_tokens", 0))
+        tps = (n - 1) / (last - first) if n > 1 and last > first else float("nan")
+        return first - t0, tps, n, int(usage.get("prompt_tokens", 0)), "".join(pieces)
+
+    def ttft(self, messages: list[dict], max_tokens: int = 8, **extra: object) -> float:
+        self.idle()
+        return self.stream(messages, max_tokens, **extra)[0]
+
+
+def run_paths(p: Peer, rounds: int, tag: int) -> dict[str, float]:
+    """Every path; `tag` keeps prompts of different systems' runs apart (nothing cached across runs)."""
+    out: dict[str, float] = {}
+    sys_msg = {"role": "system", "content": "You are a helpful assistant. Answer briefly and clearly."}
+    questions = ["What is a lighthouse for?", "Why is the sea salty?", "How do tides work?",
+                 "What makes fog?", "Name a famous harbour.", "Why do gulls follow ships?"]
+    p.ttft([sys_msg, {"role": "user", "content": "Hello"}])
+    out["short chat TTFT (s)"] = med([p.ttft([sys_msg, {"role": "user", "content": q}]) for q in questions[:rounds + 1]])
+    p.idle()
+    out["decode tok/s (200-token story)"] = med([
+        p.stream([{"role": "user", "content": f"Write a long story about a lighthouse keeper number {tag}{i}."}],
+                 200)[1] for i in range(rounds)])
+    cold = []
+    for i in range(rounds):
+        p.idle()
+        ttft, _, _, n_prompt, _ = p.stream([{"role": "user", "content": f"[{tag}-{i}] " + text_of(1000, tag * 100 + i)
+                                          + "\nSummarise this."}], 4)
+        cold.append(ttft)
+    out["cold ~1,200-token prompt TTFT (s)"] = med(cold)
+    out["  cold prefill tok/s"] = n_prompt / med(cold)
+    doc = f"[{tag}] " + text_of(1600, tag)
+    p.ttft([{"role": "user", "content": doc + "\nQuestion: what is this about?"}])
+    out["warm shared prefix (~1,950 tokens) TTFT (s)"] = med([
+        p.ttft([{"role": "user", "content": doc + f"\nQuestion: {q}"}]) for q in questions[:rounds]])
+    convo = [sys_msg]
+    turns = []
+    for i, q in enumerate(["Tell me about lighthouses.", "Who keeps them?", "What did they eat?",
+                           "How did they light the lamp?", "Were they lonely?", "Are any still staffed?"]):
+        convo.append({"role": "user", "content": f"{q} ({tag})"})
+        p.idle()
+        ttft, _, _, _, reply = p.stream(convo, 60)
+        if i:
+            turns.append(ttft)
+        convo.append({"role": "assistant", "content": reply})
+    out["multi-turn chat, turns 2-6 TTFT (s)"] = med(turns)
+    slowest, agg = [], []
+    for r in range(rounds):
+        p.idle()
+        msgs = [[{"role": "user", "content": f"Write about {w} ({tag}-{r})."}] for w in ("rain", "cats", "ships", "bread")]
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda m: p.stream(m, 100), msgs))
+        wall = time.perf_counter() - t0
+        slowest.append(max(g[0] for g in got))
+        agg.append(sum(g[2] for g in got) / wall)
+    out["4 clients, slowest first token (s)"] = med(slowest)
+    out["4 clients, aggregate tok/s"] = med(agg)
+    same = [{"role": "user", "content": f"Name three colours. ({tag})"}]
+    p.stream(same, 30)
+    out["the same request again TTFT (s)"] = med([p.ttft(same, 30) for _ in range(rounds)])
+    return out
+
+
+def llama_server() -> tuple[subprocess.Popen | None, str, list[str]]:
+    tool = ROOT.parent / "shared" / "tools" / "build-llama-server.sh"
+    bin_dir = Path(subprocess.run(["bash", str(tool)], check=True, capture_output=True, text=True).stdout.strip())
+    from llmd.models.catalog import find_packaged
+
+    model = find_packaged(Path("/tmp"))["smollm2-135m"]
+    amx = "amx_tile" in Path("/proc/cpuinfo").read_text()
+    args = [str(bin_dir / "llama-server"), "-m", str(model), "-np", "4", "-c", "16384", "-t", THREADS,
+            "--port", str(port := free_port()), "--host", "127.0.0.1", *(["--no-repack"] if amx else [])]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", proc)
+    while httpx.get(url + "/health").status_code != 200:
+        time.sleep(0.2)
+    return proc, url, args
+
+
+def restart_row(rounds: int) -> tuple[float, float]:
+    """(cold TTFT, TTFT after a restart from the disk prefix cache) on a ~2,000-token prompt."""
+    env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
+    proc, url, home = start_llmd(env)
+    p = Peer("llmd", url, lambda: wait_idle(url))
+    doc = "[restart] " + text_of(1650, 7)
+    cold = p.ttft([{"role": "user", "content": doc + "\nQuestion: what is this about?"}])
+    p.idle()
+    stop(proc)
+    proc, url, _ = start_llmd({**env, "LLMD_HOME": str(home)})
+    p = Peer("llmd", url, lambda: wait_idle(url))
+    warm = p.ttft([{"role": "user", "content": doc + "\nQuestion: who wrote it?"}])
+    stop(proc)
+    return cold, warm
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    results: dict[str, dict[str, float]] = {}
+    proc, url, peer_args = llama_server()
+    try:
+        results["llama-server"] = run_paths(Peer("llama-server", url, lambda: None), args.rounds, 1)
+    finally:
+        stop(proc)  # type: ignore[arg-type]
+    env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
+    for name, extra, tag in (("llmd fast", {}, 2), ("llmd exact", {"LLMD_EXACT": "1"}, 3)):
+        lp, lurl, _ = start_llmd({**env, **extra})
+        try:
+            results[name] = run_paths(Peer(name, lurl, lambda u=lurl: wait_idle(u)), args.rounds, tag)
+        finally:
+            stop(lp)
+    cold, warm = restart_row(args.rounds)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    print(f"# llmd vs llama-server: SmolLM2-135M Q4_1, {cpu}, {os.cpu_count()} CPUs, threads {THREADS}, "
+          f"medians of {args.rounds}")
+    print(f"# peer: {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(peer_args))}")
+    if "--no-repack" in peer_args:
+        print("# this CPU has AMX: llama-server runs with --no-repack (its weight repacking segfaults here)")
+    peer = results["llama-server"]
+    print(f"{'path':<46} {'llama-server':>12} {'fast':>9} {'fast/peer':>9} {'exact':>9} {'exact/peer':>10}")
+    for row, theirs in peer.items():
+        f, e = results["llmd fast"][row], results["llmd exact"][row]
+        print(f"{row:<46} {theirs:>12.3f} {f:>9.3f} {f / theirs:>9.2f} {e:>9.3f} {e / theirs:>10.2f}")
+    print(f"\nafter a restart (disk prefix, ~2,000 tokens, new question): cold {cold:.2f} s, restored {warm:.3f} s, "
+          f"{warm / cold:.1%} of cold")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Loading a GGUF and creating its llama.cpp context: shared by the engine, the draft model and eval.
+
+Also the one `decode` every llama_decode goes through, so the test-only crash switch
+(LLMD_TEST_CRASH, see backends/repack.py) behaves like the real AMX crash: a SIGSEGV at the
+first decode of more than one token while weights are repacked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from llmd.backends.repack import CRASH_ENV
+from llmd.errors import EngineError
+
+
+def physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except Exception:
+        return os.cpu_count() or 1
+
+
+def load_model(path: str, gpu_layers: int = 0, repack: bool = True, what: str = "") -> Any:
+    """A llama_model pointer; EngineError naming the file when llama.cpp refuses it."""
+    import llama_cpp as L
+    from llama_cpp._logger import set_verbose
+
+    L.llama_backend_init()
+    set_verbose(False)  # llama.cpp prints every load to stderr otherwise; keep errors
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = gpu_layers
+    mp.use_extra_bufts = repack  # weight repacking (AMX and others): off where it crashed
+    model = L.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        raise EngineError(f"llama.cpp could not load {what or 'the model'} {path}; is it a complete GGUF file?")
+    return model
+
+
+def new_context(model: Any, n_ctx: int, n_batch: int, n_seq: int, threads: int, unified: bool = True,
+                n_ubatch: int | None = None) -> Any:
+    """A context with flash attention; None when llama.cpp cannot allocate it."""
+    import llama_cpp as L
+
+    cp = L.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = n_batch
+    cp.n_ubatch = n_ubatch or n_batch
+    cp.n_seq_max = n_seq
+    cp.kv_unified = unified
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    cp.n_threads = cp.n_threads_batch = threads or physical_cores()
+    cp.no_perf = True
+    return L.llama_init_from_model(model, cp)
+
+
+class Decoder:
+    """llama_decode with the test crash switch; one per context."""
+
+    def __init__(self, ctx: Any, repack: bool) -> None:
+        import llama_cpp as L
+
+        self._decode = L.llama_decode
+        self.ctx = ctx
+        mode = os.environ.get(CRASH_ENV, "")
+        self._crash = mode == "always" or (mode == "repack" and repack)
+
+    def __call__(self, batch: Any) -> int:
+        if self._crash and batch.n_tokens > 1:
+            os.kill(os.getpid(), signal.SIGSEGV)  # as the AMX kernels do (test switch only)
+        return int(self._decode(self.ctx, batch))
+
+
+def warm_up(decode: Decoder, batch: Any, mem: Any, n_tokens: int, n_seqs: int, n_vocab: int) -> bool:
+    """Throwaway decodes that run every kernel a request will: `n_tokens` of prefill in one batch,
+    then one token in each of two sequences in one batch. A kernel that crashes (AMX weight
+    repacking does, at the first multi-token decode) then crashes here, while loading, where the
+    daemon can fall back, and never at a user's request. Also touches the buffers, so the first
+    request pays no first-call costs. False when llama.cpp refuses a decode."""
+    import llama_cpp as L
+
+    from llmd.backends.llamacpp.batch import put
+
+    base = 100 if n_vocab > 200 else 0
+    tokens = [base + i % max(1, n_vocab - base) for i in range(n_tokens)]
+    for i, t in enumerate(tokens):
+        put(batch, i, t, i, 0, i == n_tokens - 1)
+    batch.n_tokens = n_tokens
+    ok = decode(batch) == 0
+    if ok and n_seqs > 1:
+        put(batch, 0, tokens[0], n_tokens, 0, True)
+        put(batch, 1, tokens[0], 0, 1, True)
+        batch.n_tokens = 2
+        ok = decode(batch) == 0
+    L.llama_memory_clear(mem, True)
+    return ok

@@ -1,0 +1,207 @@
+"""The files and index of the on-disk prompt-prefix KV cache (prefix_cache.py decides what to
+store and restore): survives restarts, unloads and model switches.
+
+Prompts are cut into blocks of `chunk` tokens; block i's key is a hash chain over a namespace
+(model digest, KV settings, batching policy, llama.cpp version) and the tokens of blocks 0..i.
+An entry is one sequence's KV state (`llama_state_seq_get_data`) with its tokens; the SQLite
+index maps every whole block the entry covers to it, so a new prompt finds its deepest stored
+block with one query.
+
+Files are written atomically (temp file, fsync, rename) and carry a CRC32 and their tokens; a
+payload that fails either, or that llama.cpp refuses to load, is dropped and logged, never used.
+Least recently used entries go first when the size bound is passed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from llmd.db import open_db
+
+log = logging.getLogger("llmd.prefix_cache")
+MAGIC = b"LLMDKV1\n"
+
+
+def _m001_index(db: sqlite_utils.Database) -> None:
+    db.table("entries").create({"id": str, "namespace": str, "n_tokens": int, "size": int, "created_at": float,
+                          "last_used": float, "hits": int}, pk="id")
+    db.table("entries").create_index(["last_used"])
+    db.table("blocks").create({"hash": str, "entry": str, "depth": int}, pk="hash")
+    db.table("blocks").create_index(["entry"])
+
+
+MIGRATIONS = [("001_index", _m001_index)]
+
+
+def namespace(model_digest: str, chunk: int, policy: str, kv_type: str = "f16") -> str:
+    """Entries of the exact policy hold prefill-computed KV only; the fast policy's may hold
+    decode-time KV too, so the two never share entries."""
+    import llama_cpp
+
+    return f"{model_digest}|{kv_type}|chunk={chunk}|{policy}|llama_cpp={llama_cpp.__version__}"
+
+
+def block_hashes(ns: str, tokens: list[int], chunk: int) -> list[str]:
+    """Hash chain over whole blocks: hashes[i] covers tokens[: (i + 1) * chunk]."""
+    out = []
+    h = hashlib.sha256(ns.encode()).digest()
+    for start in range(0, len(tokens) - len(tokens) % chunk, chunk):
+        h = hashlib.sha256(h + struct.pack(f"<{chunk}i", *tokens[start:start + chunk])).digest()
+        out.append(h.hex())
+    return out
+
+
+@dataclass(frozen=True)
+class Match:
+    entry: str
+    depth: int  # whole blocks of the prompt this entry covers
+
+
+class PrefixStore:
+    """The index and the files. One instance per thread (each has its own SQLite connection)."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.db = open_db(root / "index.db", MIGRATIONS)
+        self.max_bytes = max_bytes
+
+    def path(self, entry: str) -> Path:
+        return self.root / f"{entry}.kv"
+
+    def lookup(self, hashes: list[str]) -> Match | None:
+        if not hashes:
+            return None
+        marks = ",".join("?" * len(hashes))
+        row = self.db.execute(
+            f"select entry, depth from blocks where hash in ({marks}) order by depth desc limit 1", hashes).fetchone()
+        return Match(row[0], row[1]) if row else None
+
+    def has(self, block_hash: str) -> bool:
+        return self.db.execute("select 1 from blocks where hash = ?", [block_hash]).fetchone() is not None
+
+    def read(self, entry: str, expect: list[int]) -> tuple[list[int], bytes] | None:
+        """(tokens, state bytes) of an entry whose tokens start with `expect`, or None (dropped)."""
+        path = self.path(entry)
+        try:
+            data = path.read_bytes()
+            if data[:8] != MAGIC:
+                raise ValueError("bad magic")
+            (hlen,) = struct.unpack_from("<Q", data, 8)
+            header = json.loads(data[16:16 + hlen])
+            state = data[16 + hlen:]
+            if len(state) != header["size"]:
+                raise ValueError(f"payload is {len(state)} bytes, header says {header['size']}")
+            if zlib.crc32(state) != header["crc32"]:
+                raise ValueError("checksum mismatch")
+            if header["tokens"][: len(expect)] != expect:
+                raise ValueError("tokens do not match the index")
+        except (OSError, ValueError, KeyError, struct.error) as e:
+            log.warning("prefix cache: dropping entry %s: %s", entry, e)
+            self.drop(entry)
+            return None
+        with self.db.conn:
+            self.db.conn.execute("update entries set last_used = ?, hits = hits + 1 where id = ?", [time.time(), entry])
+        return list(header["tokens"]), state
+
+    def write(self, ns: str, tokens: list[int], hashes: list[str], state: bytes) -> str:
+        entry = hashes[-1][:32]
+        header = json.dumps({"n_tokens": len(tokens), "tokens": tokens, "size": len(state),
+                             "crc32": zlib.crc32(state)}).encode()
+        path = self.path(entry)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+        with tmp.open("wb") as f:
+            f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+            f.write(state)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        now = time.time()
+        size = path.stat().st_size
+        with self.db.conn:
+            self.db.conn.execute("insert or replace into entries values (?, ?, ?, ?, ?, ?, 0)",
+                                 [entry, ns, len(tokens), size, now, now])
+            self.db.conn.executemany("insert or replace into blocks values (?, ?, ?)",
+                                     [(h, entry, i + 1) for i, h in enumerate(hashes)])
+        self.evict()
+        return entry
+
+    def drop(self, entry: str) -> None:
+        with self.db.conn:
+            self.db.conn.execute("delete from blocks where entry = ?", [entry])
+            self.db.conn.execute("delete from entries where id = ?", [entry])
+        self.path(entry).unlink(missing_ok=True)
+
+    def evict(self) -> None:
+        total = self.db.execute("select coalesce(sum(size), 0) from entries").fetchone()[0]
+        if total <= self.max_bytes:
+            return
+        for entry, size in self.db.execute("select id, size from entries order by last_used").fetchall():
+            self.drop(entry)
+            total -= size
+            if total <= self.max_bytes:
+                break
+
+    def stats(self) -> dict[str, Any]:
+        n, size = self.db.execute("select count(*), coalesce(sum(size), 0) from entries").fetchone()
+        hits = self.db.execute("select coalesce(sum(hits), 0) from entries").fetchone()[0]
+        return {"entries": n, "bytes": size, "max_bytes": self.max_bytes, "entry_hits": hits}
+
+    def clear(self) -> int:
+        ids = [r[0] for r in self.db.execute("select id from entries").fetchall()]
+        for entry in ids:
+            self.drop(entry)
+        for stray in self.root.glob("*.kv"):
+            stray.unlink(missing_ok=True)
+        return len(ids)
+
+
+class PrefixWriter:
+    """Writes entries on a background thread so saving never delays a reply or a step."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self._root, self._max = root, max_bytes
+        self._jobs: list[tuple[str, list[int], list[str], bytes]] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self.saved = 0
+        self._thread = threading.Thread(target=self._run, name="llmd-prefix-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, ns: str, tokens: list[int], hashes: list[str], state: bytes) -> None:
+        with self._cv:
+            self._jobs.append((ns, tokens, hashes, state))
+            self._cv.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        store = PrefixStore(self._root, self._max)
+        while True:
+            with self._cv:
+                while not self._jobs and not self._closed:
+                    self._cv.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.pop(0)
+            try:
+                store.write(*job)
+                self.saved += 1
+            except Exception:
+                log.exception("prefix cache: could not save an entry")
