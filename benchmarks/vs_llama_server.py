@@ -43,11 +43,12 @@ class Peer:
 
     def __init__(self, name: str, url: str, idle: Callable[[], None]) -> None:
         self.name, self.url, self.idle = name, url, idle
-        self.http = httpx.Client(timeout=600)
+        # a fresh connection per request: llama-server may close a kept-alive one as the next request goes out
+        self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
 
     def stream(self, messages: list[dict], max_tokens: int, **extra: object) -> tuple[float, float, int, int, str]:
         """(ttft s, decode tok/s, completion tokens, prompt tokens, text); tokens from usage."""
-        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        body = {"model": "smollm2-135m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}, **extra}
         t0 = time.perf_counter()
         first = last = 0.0
@@ -168,6 +169,7 @@ def main() -> None:
     proc, url, peer_args = llama_server()
     try:
         results["llama-server"] = run_paths(Peer("llama-server", url, lambda: None), args.rounds, 1)
+        print("llama-server:", json.dumps(results["llama-server"]), file=sys.stderr, flush=True)
     finally:
         stop(proc)  # type: ignore[arg-type]
     env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
@@ -175,6 +177,7 @@ def main() -> None:
         lp, lurl, _ = start_llmd({**env, **extra})
         try:
             results[name] = run_paths(Peer(name, lurl, lambda u=lurl: wait_idle(u)), args.rounds, tag)
+            print(f"{name}:", json.dumps(results[name]), file=sys.stderr, flush=True)
         finally:
             stop(lp)
     cold, warm = restart_row(args.rounds)

@@ -199,6 +199,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         if spec:
             console.print(f"{m['name']}: draft model {m.get('draft') or 'none'}; accepted drafts: "
                           + _acceptance(spec))
+        rp = m.get("repack") or {}
+        console.print(f"{m['name']}: {m.get('policy', '?')} batching policy; weight repacking "
+                      f"{'on' if rp.get('repack') else 'off'} ({rp.get('reason', '?')})")
+    for name, why in (status.get("unavailable") or {}).items():
+        console.print(f"[red]{name} unavailable[/]: {why}")
     if args.verbose:
         for m in status["loaded"]:
             prof = (m.get("stats") or {}).get("profile") or {}

@@ -7,6 +7,7 @@ dir under one folder; otherwise platformdirs picks the user's usual places.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -236,6 +237,8 @@ def parse_duration(value: str | float | int | None) -> float | None:
     forever (None). Raises ValueError naming the value otherwise."""
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive {value!r} is not a duration; use seconds or 30s, 5m, 1h, -1")
     if isinstance(value, int | float):
         seconds = float(value)
     else:
@@ -249,6 +252,8 @@ def parse_duration(value: str | float | int | None) -> float | None:
                 seconds = float(text)
             except ValueError:
                 raise ValueError(f"keep_alive {value!r} is not a duration; use seconds or 30s, 5m, 1h, -1") from None
+    if not math.isfinite(seconds):  # NaN, inf, 1e400: would poison every expiry computed from it
+        raise ValueError(f"keep_alive {value!r} is not a finite duration; use seconds or 30s, 5m, 1h, -1 (forever)")
     return None if seconds < 0 else seconds
 
 

@@ -51,7 +51,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         app.state.scheduler = sched
         app.state.started = time.time()
         sched.probe = await asyncio.to_thread(probe)
-        app.state.metrics = Metrics()
+        app.state.metrics = Metrics(is_model=registry.has)
         sampler = asyncio.ensure_future(app.state.metrics.run_sampler(sched.status))
         preload = None
         if settings.preload:

@@ -11,10 +11,14 @@ eviction keep it small.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
+import os
+import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ from typing import Any
 import sqlite_utils
 
 from llmd.backends.base import GenerationRequest, Usage
-from llmd.db import open_db
+from llmd.db import open_cache_db
 
 log = logging.getLogger("llmd.response_cache")
 
@@ -71,15 +75,37 @@ def cache_key(req: GenerationRequest, model: dict[str, Any], engine: str) -> str
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _disposable(default: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A cache is disposable: a database error while serving moves the damaged file aside, starts
+    an empty one and answers as a miss, never a 500."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def guarded(self: ResponseCache, *args: Any, **kw: Any) -> Any:
+            try:
+                return fn(self, *args, **kw)
+            except sqlite3.DatabaseError as e:
+                log.warning("response cache %s failed (%s); rebuilding it", self.path, e)
+                self.db.conn.close()
+                aside = self.path.with_name(self.path.name + ".corrupt")
+                if self.path.exists():
+                    os.replace(self.path, aside)
+                self.db = open_cache_db(self.path, MIGRATIONS)
+                return default
+        return guarded
+    return wrap
+
+
 class ResponseCache:
     def __init__(self, path: Path, ttl_s: float = 3600.0, max_bytes: int = 256 * 1024 * 1024) -> None:
-        self.db = open_db(path, MIGRATIONS)
+        self.path = path
+        self.db = open_cache_db(path, MIGRATIONS)
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
         self.bypasses = 0
 
+    @_disposable(None)
     def get(self, key: str) -> Cached | None:
         rows = list(self.db.query("select * from responses where key = ?", [key]))
         now = time.time()
@@ -97,6 +123,7 @@ class ResponseCache:
         self.hits += 1
         return Cached(json.loads(row["pieces"]), row["finish_reason"], Usage(**json.loads(row["usage"])))
 
+    @_disposable(None)
     def put(self, key: str, model: str, pieces: list[str], finish_reason: str, usage: Usage) -> None:
         body = json.dumps(pieces, ensure_ascii=False)
         usage_json = json.dumps(dataclasses.asdict(usage))
@@ -123,11 +150,13 @@ class ResponseCache:
             self.db.conn.executemany("delete from responses where key = ?", [(k,) for k in doomed])
         log.info("response cache: evicted %d entries (%d bytes) to stay under %d", len(doomed), freed, self.max_bytes)
 
+    @_disposable({"entries": 0, "bytes": 0, "rebuilt": True})
     def stats(self) -> dict[str, Any]:
         entries, size = self.db.execute("select count(*), coalesce(sum(size), 0) from responses").fetchone()
         return {"entries": entries, "bytes": size, "max_bytes": self.max_bytes, "ttl_s": self.ttl_s,
                 "hits": self.hits, "misses": self.misses, "bypasses": self.bypasses}
 
+    @_disposable(0)
     def clear(self) -> int:
         n = self.db.execute("select count(*) from responses").fetchone()[0]
         with self.db.conn:

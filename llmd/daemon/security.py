@@ -119,7 +119,9 @@ def load_or_create_token(config_dir: Path) -> str:
 def check_token(headers: Any, token: str) -> None:
     got = headers.get("authorization", "")
     scheme, _, value = got.partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip(), token):
+    # bytes: compare_digest refuses non-ASCII str (a TypeError would be a 500)
+    if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode("utf-8", "replace"),
+                                                                 token.encode()):
         raise Unauthorized(
             "this route changes the daemon and needs its token: send 'Authorization: Bearer <token>' "
             "with the token from the file 'token' in llmd's config dir (the llmd CLI and tray do this)"

@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlite_utils
 
-from llmd.db import open_db
+from llmd.db import open_store_db
 from llmd.errors import BadRequest, ModelNotFound
 from llmd.models.catalog import find_packaged
 from llmd.models.checkpoint import read_checkpoint
@@ -84,7 +84,7 @@ def file_digest(path: Path) -> str:
 
 class Registry:
     def __init__(self, db_path: Path, models_dir: Path | None = None) -> None:
-        self.db = open_db(db_path, MIGRATIONS)
+        self.db = open_store_db(db_path, MIGRATIONS, "model registry")
         self.models_dir = models_dir or db_path.parent / "models"
 
     def sync_packaged(self) -> None:
@@ -101,6 +101,9 @@ class Registry:
         """Register a GGUF file, or a model folder (HF checkpoint or TensorRT-LLM engine). A folder
         added under the name of a registered GGUF model is attached to it: the model then has both
         formats, and the backend choice can use either."""
+        if "\x00" in str(path):
+            raise BadRequest("the model path contains a NUL byte; give the path of a .gguf file or a model folder",
+                             "path")
         path = path.expanduser().resolve()
         name = name or path.stem.lower()
         if path.is_dir():
@@ -157,6 +160,9 @@ class Registry:
             known = ", ".join(r["name"] for r in self.list()) or "none"
             raise ModelNotFound(f"model {name!r} is not registered (registered: {known}); add it with `llmd models add PATH.gguf`", "model")
         return row
+
+    def has(self, name: str) -> bool:
+        return self._row(name) is not None
 
     def _row(self, name: str) -> dict[str, Any] | None:
         rows = list(self.db.table("models").rows_where("name = ?", [name]))

@@ -1,5 +1,6 @@
-"""Continuous batching: concurrent greedy requests give the same text as one at a time, long
-prompts do not stall running streams, a full queue answers 503, nothing leaks."""
+"""Continuous batching: under the exact policy concurrent greedy requests give the same text as
+one at a time; under both policies long prompts do not stall running streams, a full queue
+answers 503, and nothing leaks."""
 
 from __future__ import annotations
 
@@ -25,9 +26,22 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def daemon8(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = Daemon(tmp_path_factory.mktemp("batch") / "home", env={"LLMD_SLOTS": "8", "LLMD_CTX": "2560",
-                                                                "LLMD_RESPONSE_CACHE": "0"}).start()
+                                                                "LLMD_RESPONSE_CACHE": "0", "LLMD_EXACT": "1"}).start()
     yield d
     d.stop()
+
+
+@pytest.fixture(scope="module")
+def fast8(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("batch-fast") / "home", env={"LLMD_SLOTS": "8", "LLMD_CTX": "2560",
+                                                                     "LLMD_RESPONSE_CACHE": "0"}).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(params=["fast", "exact"])
+def any8(request: pytest.FixtureRequest) -> Daemon:
+    return request.getfixturevalue("fast8" if request.param == "fast" else "daemon8")
 
 
 def complete(url: str, prompt: str, max_tokens: int = 40, speculation: str = "off") -> str:
@@ -90,7 +104,8 @@ def test_off_is_the_same_beside_speculating_requests(daemon8: Daemon):
     assert together == alone
 
 
-def test_running_streams_keep_flowing_during_a_long_prefill(daemon8: Daemon):
+def test_running_streams_keep_flowing_during_a_long_prefill(any8: Daemon):
+    daemon8 = any8
     long_prompt = "Summarize this: " + "The river flows past the old mill and under the stone bridge. " * 150
     with cf.ThreadPoolExecutor(4) as pool:
         streams = [pool.submit(stream_times, daemon8.url, p, 400) for p in PROMPTS[:3]]
@@ -105,8 +120,8 @@ def test_running_streams_keep_flowing_during_a_long_prefill(daemon8: Daemon):
     for ts in times:
         during = [t for t in ts if t_long <= t <= t_done]
         gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
-        # each step runs at most one 64-token prefill chunk (about 0.5 s on two slow cores), then one
-        # token for every decoding slot: a stream must never wait for the whole prompt
+        # each step prefills at most one 64-token chunk (exact) or the 128-token budget (fast) beside
+        # one token for every decoding slot: a stream must never wait for the whole prompt
         assert len(during) >= prefill_s / 2.5, (len(during), prefill_s)
         assert max(gaps) < 2.5, f"a stream stalled {max(gaps):.2f}s during a {prefill_s:.1f}s prefill"
 
@@ -132,7 +147,8 @@ def test_queue_full_is_503_with_retry_after(tmp_path: Path):
         d.stop()
 
 
-def test_nothing_leaks_after_200_mixed_requests(daemon8: Daemon):
+def test_nothing_leaks_after_200_mixed_requests(any8: Daemon):
+    daemon8 = any8
     pid = worker_stats(daemon8.url)["pid"]
     proc = psutil.Process(pid)
     complete(daemon8.url, "warm up", 4)

@@ -58,7 +58,7 @@ def test_fast_reuses_a_live_prefix_token_by_token(http: httpx.Client):
     other = chat(http, [msgs[0], {"role": "user", "content": "What happened in 1907?"}])
     cached = other["usage"]["prompt_tokens_details"]["cached_tokens"]
     # everything up to the differing question is reused, not only whole 64-token chunks
-    assert cold["usage"]["prompt_tokens"] - 16 <= cached < other["usage"]["prompt_tokens"], other["usage"]
+    assert other["usage"]["prompt_tokens"] - 20 <= cached < other["usage"]["prompt_tokens"], other["usage"]
     assert other["choices"][0]["message"]["content"].strip()
 
 

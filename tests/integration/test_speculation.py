@@ -1,9 +1,13 @@
-"""n-gram speculation (prompt lookup) through the API: exact on short contexts, counted in usage."""
+"""n-gram speculation (prompt lookup) through the API: exact on short contexts under the exact
+policy, counted in usage."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
+from conftest import Daemon
 
 pytestmark = pytest.mark.integration
 NO_STORE = {"Cache-Control": "no-store"}
@@ -32,14 +36,24 @@ def chat(http: httpx.Client, content: str, **kw) -> dict:
     return r.json()
 
 
+@pytest.fixture(scope="module")
+def exact_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    d = Daemon(tmp_path_factory.mktemp("spec-exact") / "home", env={"LLMD_EXACT": "1", "LLMD_SLOTS": "2"}).start()
+    with d.client() as c:
+        yield c
+    d.stop()
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_ngram_greedy_equals_off_on_short_contexts(http: httpx.Client, prompt: str):
-    off = chat(http, prompt, speculation="off")
-    ngram = chat(http, prompt, speculation="ngram")
+def test_ngram_greedy_equals_off_on_short_contexts(exact_http: httpx.Client, prompt: str):
+    off = chat(exact_http, prompt, speculation="off")
+    ngram = chat(exact_http, prompt, speculation="ngram")
     assert ngram["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"]
     details = ngram["usage"]["completion_tokens_details"]
-    assert details["accepted_prediction_tokens"] >= 0 and details["rejected_prediction_tokens"] >= 0
+    if prompt == PROMPTS[0]:  # copying: drafts from the prompt are taken
+        assert details["accepted_prediction_tokens"] > 0, details
     assert off["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0
+    assert off["usage"]["completion_tokens_details"]["rejected_prediction_tokens"] == 0
 
 
 def test_copying_drafts_and_accepts(http: httpx.Client):
@@ -49,7 +63,8 @@ def test_copying_drafts_and_accepts(http: httpx.Client):
     assert d["accepted_prediction_tokens"] > 0
 
 
-def test_seeded_sampling_is_the_same_with_ngram(http: httpx.Client):
+def test_seeded_sampling_is_the_same_with_ngram(exact_http: httpx.Client):
+    http = exact_http
     kw = {"temperature": 0.8, "seed": 11, "max_tokens": 60}
     a = chat(http, "Write a short poem about the sea.", speculation="off", **kw)
     b = chat(http, "Write a short poem about the sea.", speculation="ngram", **kw)

@@ -47,3 +47,41 @@ class ChatTemplate:
             )
         except TemplateError as e:
             raise BadRequest(f"the model's chat template refused these messages: {e}", "messages") from None
+
+    def render_pieces(self, messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+        """The rendered prompt as (text, is_message_content) pieces, so the engine can tokenize what
+        users wrote without special-token parsing: a message saying "<|im_end|>" stays text and
+        cannot forge a turn. Each content is swapped for a sentinel while rendering; a template
+        that changes contents beyond recognition gets its contents found in order instead."""
+        contents = [m.get("content") if isinstance(m.get("content"), str) else None for m in messages]
+        marked = [{**m, "content": f"\ue000{i}\ue001"} if c else m for i, (m, c) in enumerate(zip(messages, contents,
+                                                                                              strict=True))]
+        text = self.render(marked)
+        pieces: list[tuple[str, bool]] = []
+        cursor = 0
+        for i, c in enumerate(contents):
+            if not c:
+                continue
+            mark = f"\ue000{i}\ue001"
+            at = text.find(mark, cursor)
+            if at < 0 or text.count(mark) != 1:
+                return _find_in_order(self.render(messages), [c for c in contents if c])
+            pieces.append((text[cursor:at], False))
+            pieces.append((c, True))
+            cursor = at + len(mark)
+        pieces.append((text[cursor:], False))
+        return [p for p in pieces if p[0]]
+
+
+def _find_in_order(text: str, contents: list[str]) -> list[tuple[str, bool]]:
+    pieces: list[tuple[str, bool]] = []
+    cursor = 0
+    for c in contents:
+        at = text.find(c, cursor)
+        if at < 0:
+            continue
+        pieces.append((text[cursor:at], False))
+        pieces.append((c, True))
+        cursor = at + len(c)
+    pieces.append((text[cursor:], False))
+    return [p for p in pieces if p[0]]

@@ -84,6 +84,19 @@ class PrefixCache:
     def _from_disk(self, hashes: list[str], prompt: list[int], live: int) -> Hit | None:
         if self.disk is None:
             return None
+        try:
+            return self._read_disk(hashes, prompt, live)
+        except Exception as e:  # a damaged index or an I/O error: serve without the disk tier
+            self._disk_failed(e)
+            return None
+
+    def _disk_failed(self, e: Exception) -> None:
+        log.warning("prefix cache: the disk store failed (%s: %s); serving without it until the model reloads "
+                    "(a damaged index is rebuilt then)", type(e).__name__, e)
+        self.disk = None
+
+    def _read_disk(self, hashes: list[str], prompt: list[int], live: int) -> Hit | None:
+        assert self.disk is not None
         match = self.disk.lookup(hashes)
         if match is None or match.depth * self.chunk <= live:  # not worth reading the file
             return None
@@ -137,7 +150,11 @@ class PrefixCache:
         if not hashes:
             return
         in_ram = hashes[-1] in self._ram_blocks and len(self._ram[self._ram_blocks[hashes[-1]][0]][0]) >= len(tokens)
-        on_disk = self.disk is not None and self.disk.has(hashes[-1])
+        try:
+            on_disk = self.disk is not None and self.disk.has(hashes[-1])
+        except Exception as e:
+            self._disk_failed(e)
+            on_disk = False
         if in_ram and (on_disk or self.disk is None):
             return
         size = L.llama_state_seq_get_size(ctx, slot.seq)
@@ -147,7 +164,7 @@ class PrefixCache:
             return
         state = bytes(memoryview(buf)[:got])
         self._keep_ram(hashes, tokens, state)
-        if self.writer is not None and not on_disk:
+        if self.writer is not None and self.disk is not None and not on_disk:
             self.writer.submit(self.ns, tokens, hashes, state)
         self.stats["saved"] += 1
 

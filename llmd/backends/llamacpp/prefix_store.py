@@ -28,7 +28,7 @@ from typing import Any
 
 import sqlite_utils
 
-from llmd.db import open_db
+from llmd.db import open_cache_db
 
 log = logging.getLogger("llmd.prefix_cache")
 MAGIC = b"LLMDKV1\n"
@@ -75,7 +75,7 @@ class PrefixStore:
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.db = open_db(root / "index.db", MIGRATIONS)
+        self.db = open_cache_db(root / "index.db", MIGRATIONS)
         self.max_bytes = max_bytes
 
     def path(self, entry: str) -> Path:

@@ -4,10 +4,40 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 from llmd.backends.base import Sampling
 from llmd.errors import GrammarError
+
+# llama.cpp's grammar parser expands a bounded repetition into nested rules and recurses over them:
+# a schema with maxLength 30000 (or a pattern like a{0,50000}) overflows the worker's stack.
+MAX_REPEAT = 1000
+MAX_DEPTH = 32
+_REPEAT_KEYS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties")
+_QUANT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def check_schema_bounds(schema: Any, path: str = "schema", depth: int = 0) -> None:
+    """Refuse, with the limit, a JSON schema whose grammar would be too deep or repeat too much."""
+    if depth > MAX_DEPTH:
+        raise GrammarError(f"the JSON schema nests deeper than {MAX_DEPTH} levels at {path}; flatten it",
+                           "response_format")
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key in _REPEAT_KEYS and isinstance(value, int | float) and value > MAX_REPEAT:
+                raise GrammarError(f"{path}.{key} is {value}; llmd enforces schemas with bounds up to {MAX_REPEAT} "
+                                   "(ask for fewer, or leave the bound out)", "response_format")
+            if key == "pattern" and isinstance(value, str):
+                for m in _QUANT.finditer(value):
+                    n = max(int(m.group(1)), int(m.group(2) or 0))
+                    if n > MAX_REPEAT:
+                        raise GrammarError(f"{path}.pattern repeats {n} times ({m.group(0)}); llmd enforces "
+                                           f"patterns with repetitions up to {MAX_REPEAT}", "response_format")
+            check_schema_bounds(value, f"{path}.{key}", depth + 1)
+    elif isinstance(schema, list):
+        for i, item in enumerate(schema):
+            check_schema_bounds(item, f"{path}[{i}]", depth + 1)
 
 
 def grammar_for(response_format: dict[str, Any] | None) -> str | None:
@@ -19,12 +49,15 @@ def grammar_for(response_format: dict[str, Any] | None) -> str | None:
     kind = response_format.get("type")
     if kind == "json_object":
         schema = response_format.get("schema")
+        if schema:
+            check_schema_bounds(schema)
         return json_schema_to_gbnf(json.dumps(schema)) if schema else JSON_GBNF
     if kind == "json_schema":
         spec = response_format.get("json_schema") or {}
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise GrammarError("response_format.json_schema.schema must be a JSON schema object", "response_format")
+        check_schema_bounds(schema)
         try:
             return json_schema_to_gbnf(json.dumps(schema))
         except Exception as e:  # the converter raises bare Exceptions on unsupported schemas

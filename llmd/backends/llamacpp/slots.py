@@ -41,6 +41,7 @@ class Active:
     t_prefill_done: float = 0.0
     cancelled: bool = False
     drafters: tuple[str, ...] = ()  # which may draft for it: "ngram", "draft" (the draft model)
+    auto: bool = False  # speculation "auto": the engine decides whether drafting pays
     accept_ema: dict[str, float] = field(default_factory=dict)  # per drafter: recent share accepted
     last_drafter: str = ""  # who drafted this step ("" = nobody)
     steps_without_draft: int = 0

@@ -117,6 +117,12 @@ class Speculator:
     def _choose(self, a: Active, others: int, room: int, gap: int = 1, only: str = "") -> tuple[str, int]:
         """(drafter, k) with the best expected tokens per second for the batch; ("", 0) is plain.
         `gap`: tokens the draft model must catch up on before it drafts for this slot."""
+        if a.auto and others > 0:
+            # Beside other sequences, drafts do not ride along: with one KV stream per slot llama.cpp
+            # splits a batch into ubatches holding the same number of tokens of each sequence, so a
+            # slot's extra rows cost a whole extra pass over the weights. Measured with 4 clients:
+            # auto's probes alone cost 15% of aggregate tokens/s. `auto` drafts only for a lone stream.
+            return "", 0
         best, plain = ("", 0), (others + 1) / self.t(others)
         best_value = plain
         if a.drafters == ("draft",) and room >= 1:
