@@ -33,6 +33,7 @@ from _harness import (  # noqa: E402
     wait_idle,
 )
 
+from llmd.backends.llamacpp.context import physical_cores  # noqa: E402
 from llmd.models.catalog import find_packaged  # noqa: E402
 
 USER = "Write a detailed story about a lighthouse keeper and a storm, with many events."
@@ -41,12 +42,6 @@ USER = "Write a detailed story about a lighthouse keeper and a storm, with many 
 def messages(i: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": f"Session {uuid.uuid4().hex[:8]}-{i}. You are a helpful storyteller."},
             {"role": "user", "content": USER}]
-
-
-def physical_cores() -> int:
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 def run_inprocess(llm, msgs: list[dict[str, str]], tokens: int) -> Sample:

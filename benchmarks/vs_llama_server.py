@@ -75,57 +75,86 @@ class Peer:
         return self.stream(messages, max_tokens, **extra)[0]
 
 
-def run_paths(p: Peer, rounds: int, tag: int) -> dict[str, float]:
-    """Every path; `tag` keeps prompts of different systems' runs apart (nothing cached across runs)."""
-    out: dict[str, float] = {}
-    sys_msg = {"role": "system", "content": "You are a helpful assistant. Answer briefly and clearly."}
-    questions = ["What is a lighthouse for?", "Why is the sea salty?", "How do tides work?",
-                 "What makes fog?", "Name a famous harbour.", "Why do gulls follow ships?"]
-    p.ttft([sys_msg, {"role": "user", "content": "Hello"}])
-    out["short chat TTFT (s)"] = med([p.ttft([sys_msg, {"role": "user", "content": q}]) for q in questions[:rounds + 1]])
+SYS = {"role": "system", "content": "You are a helpful assistant. Answer briefly and clearly."}
+QUESTIONS = ["What is a lighthouse for?", "Why is the sea salty?", "How do tides work?", "What makes fog?",
+             "Name a famous harbour.", "Why do gulls follow ships?"]
+
+
+def short_chat(p: Peer, r: int, tag: int) -> dict[str, float]:
     p.idle()
-    out["decode tok/s (200-token story)"] = med([
-        p.stream([{"role": "user", "content": f"Write a long story about a lighthouse keeper number {tag}{i}."}],
-                 200)[1] for i in range(rounds)])
-    cold = []
-    for i in range(rounds):
-        p.idle()
-        ttft, _, _, n_prompt, _ = p.stream([{"role": "user", "content": f"[{tag}-{i}] " + text_of(1000, tag * 100 + i)
-                                          + "\nSummarise this."}], 4)
-        cold.append(ttft)
-    out["cold ~1,200-token prompt TTFT (s)"] = med(cold)
-    out["  cold prefill tok/s"] = n_prompt / med(cold)
-    doc = f"[{tag}] " + text_of(1600, tag)
+    return {"short chat TTFT (s)": p.ttft([SYS, {"role": "user", "content": f"{QUESTIONS[r % 6]} ({tag}{r})"}])}
+
+
+def story(p: Peer, r: int, tag: int) -> dict[str, float]:
+    p.idle()
+    return {"decode tok/s (200-token story)": p.stream(
+        [{"role": "user", "content": f"Write a long story about a lighthouse keeper number {tag}{r}."}], 200)[1]}
+
+
+def cold(p: Peer, r: int, tag: int) -> dict[str, float]:
+    p.idle()
+    ttft, _, _, n_prompt, _ = p.stream([{"role": "user", "content": f"[{tag}-{r}] " + text_of(1000, tag * 100 + r)
+                                         + "\nSummarise this."}], 4)
+    return {"cold ~1,200-token prompt TTFT (s)": ttft, "  cold prefill tok/s": n_prompt / ttft}
+
+
+def shared_prefix(p: Peer, r: int, tag: int) -> dict[str, float]:
+    doc = f"[{tag}-{r}] " + text_of(1600, tag * 1000 + r)
+    p.idle()
     p.ttft([{"role": "user", "content": doc + "\nQuestion: what is this about?"}])
-    out["warm shared prefix (~1,950 tokens) TTFT (s)"] = med([
-        p.ttft([{"role": "user", "content": doc + f"\nQuestion: {q}"}]) for q in questions[:rounds]])
-    convo = [sys_msg]
-    turns = []
+    return {"warm shared prefix (~1,950 tokens) TTFT (s)":
+            p.ttft([{"role": "user", "content": doc + f"\nQuestion: {QUESTIONS[r % 6]}"}])}
+
+
+def multi_turn(p: Peer, r: int, tag: int) -> dict[str, float]:
+    convo, turns = [SYS], []
     for i, q in enumerate(["Tell me about lighthouses.", "Who keeps them?", "What did they eat?",
                            "How did they light the lamp?", "Were they lonely?", "Are any still staffed?"]):
-        convo.append({"role": "user", "content": f"{q} ({tag})"})
+        convo.append({"role": "user", "content": f"{q} ({tag}-{r})"})
         p.idle()
         ttft, _, _, _, reply = p.stream(convo, 60)
         if i:
             turns.append(ttft)
         convo.append({"role": "assistant", "content": reply})
-    out["multi-turn chat, turns 2-6 TTFT (s)"] = med(turns)
-    slowest, agg = [], []
-    for r in range(rounds):
-        p.idle()
-        msgs = [[{"role": "user", "content": f"Write about {w} ({tag}-{r})."}] for w in ("rain", "cats", "ships", "bread")]
-        t0 = time.perf_counter()
-        with cf.ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(lambda m: p.stream(m, 100), msgs))
-        wall = time.perf_counter() - t0
-        slowest.append(max(g[0] for g in got))
-        agg.append(sum(g[2] for g in got) / wall)
-    out["4 clients, slowest first token (s)"] = med(slowest)
-    out["4 clients, aggregate tok/s"] = med(agg)
-    same = [{"role": "user", "content": f"Name three colours. ({tag})"}]
+    return {"multi-turn chat, turns 2-6 TTFT (s)": med(turns)}
+
+
+def four_clients(p: Peer, r: int, tag: int) -> dict[str, float]:
+    p.idle()
+    msgs = [[{"role": "user", "content": f"Write about {w} ({tag}-{r})."}] for w in ("rain", "cats", "ships", "bread")]
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda m: p.stream(m, 100), msgs))
+    wall = time.perf_counter() - t0
+    return {"4 clients, slowest first token (s)": max(g[0] for g in got),
+            "4 clients, aggregate tok/s": sum(g[2] for g in got) / wall}
+
+
+def same_again(p: Peer, r: int, tag: int) -> dict[str, float]:
+    same = [{"role": "user", "content": f"Name three colours. ({tag}-{r})"}]
+    p.idle()
     p.stream(same, 30)
-    out["the same request again TTFT (s)"] = med([p.ttft(same, 30) for _ in range(rounds)])
-    return out
+    return {"the same request again TTFT (s)": p.ttft(same, 30)}
+
+
+PATHS: list[Callable[[Peer, int, int], dict[str, float]]] = [short_chat, story, cold, shared_prefix, multi_turn,
+                                                              four_clients, same_again]
+
+
+def run_paths(peers: list[Peer], rounds: int) -> dict[str, dict[str, float]]:
+    """Every path, round by round, the systems taking turns within each round (one at a time: the
+    others are idle), so this machine's slow spells hit all of them alike. Medians per system."""
+    got: dict[str, dict[str, list[float]]] = {p.name: {} for p in peers}
+    for p in peers:  # first contact: loads, warm-ups
+        p.ttft([SYS, {"role": "user", "content": "Hello"}])
+    for path in PATHS:
+        for r in range(rounds):
+            for tag, p in enumerate(peers, 1):
+                for k, v in path(p, r, tag).items():
+                    got[p.name].setdefault(k, []).append(v)
+        print(path.__name__, {n: {k: round(med(v), 3) for k, v in rows.items()} for n, rows in got.items()},
+              file=sys.stderr, flush=True)
+    return {n: {k: med(v) for k, v in rows.items()} for n, rows in got.items()}
 
 
 def llama_server() -> tuple[subprocess.Popen | None, str, list[str]]:
@@ -145,7 +174,7 @@ def llama_server() -> tuple[subprocess.Popen | None, str, list[str]]:
     return proc, url, args
 
 
-def restart_row(rounds: int) -> tuple[float, float]:
+def restart_row() -> tuple[float, float]:
     """(cold TTFT, TTFT after a restart from the disk prefix cache) on a ~2,000-token prompt."""
     env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
     proc, url, home = start_llmd(env)
@@ -165,26 +194,33 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    results: dict[str, dict[str, float]] = {}
-    proc, url, peer_args = llama_server()
-    try:
-        results["llama-server"] = run_paths(Peer("llama-server", url, lambda: None), args.rounds, 1)
-        print("llama-server:", json.dumps(results["llama-server"]), file=sys.stderr, flush=True)
-    finally:
-        stop(proc)  # type: ignore[arg-type]
     env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
-    for name, extra, tag in (("llmd fast", {}, 2), ("llmd exact", {"LLMD_EXACT": "1"}, 3)):
-        lp, lurl, _ = start_llmd({**env, **extra})
-        try:
-            results[name] = run_paths(Peer(name, lurl, lambda u=lurl: wait_idle(u)), args.rounds, tag)
-            print(f"{name}:", json.dumps(results[name]), file=sys.stderr, flush=True)
-        finally:
-            stop(lp)
-    cold, warm = restart_row(args.rounds)
+    procs: list[subprocess.Popen] = []
+    try:
+        proc, url, peer_args = llama_server()
+        procs.append(proc)  # type: ignore[arg-type]
+        llmd_urls: list[str] = []
+
+        def all_idle() -> None:  # whoever is measured, no llmd may be busy with idle work meanwhile
+            for u in llmd_urls:
+                wait_idle(u)
+
+        peers = [Peer("llama-server", url, all_idle)]
+        for name, extra in (("llmd fast", {}), ("llmd exact", {"LLMD_EXACT": "1"})):
+            lp, lurl, _ = start_llmd({**env, **extra})
+            procs.append(lp)
+            llmd_urls.append(lurl)
+            peers.append(Peer(name, lurl, all_idle))
+        results = run_paths(peers, args.rounds)
+    finally:
+        for pr in procs:
+            stop(pr)
+    restart = [restart_row() for _ in range(args.rounds)]
+    cold_s, warm_s = med([c for c, _ in restart]), med([w for _, w in restart])
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "?")
     print(f"# llmd vs llama-server: SmolLM2-135M Q4_1, {cpu}, {os.cpu_count()} CPUs, threads {THREADS}, "
-          f"medians of {args.rounds}")
+          f"medians of {args.rounds} rounds, the systems taking turns")
     print(f"# peer: {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(peer_args))}")
     if "--no-repack" in peer_args:
         print("# this CPU has AMX: llama-server runs with --no-repack (its weight repacking segfaults here)")
@@ -193,8 +229,8 @@ def main() -> None:
     for row, theirs in peer.items():
         f, e = results["llmd fast"][row], results["llmd exact"][row]
         print(f"{row:<46} {theirs:>12.3f} {f:>9.3f} {f / theirs:>9.2f} {e:>9.3f} {e / theirs:>10.2f}")
-    print(f"\nafter a restart (disk prefix, ~2,000 tokens, new question): cold {cold:.2f} s, restored {warm:.3f} s, "
-          f"{warm / cold:.1%} of cold")
+    print(f"\nllmd fast after a restart (disk prefix, ~2,000 tokens, new question): cold {cold_s:.2f} s, "
+          f"restored {warm_s:.3f} s, {warm_s / cold_s:.1%} of cold")
 
 
 if __name__ == "__main__":

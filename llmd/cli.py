@@ -439,8 +439,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         assert result.kl_mean is not None and result.top1_agreement is not None and result.ppl_ratio is not None
         print(f"against {args.base}: mean KL divergence {result.kl_mean:.5f} (p99 {result.kl_p99:.4f}), "
               f"top-1 agreement {result.top1_agreement:.1%}, perplexity ratio {result.ppl_ratio:.4f}")
-        if result.kl_mean > args.kl_warn:
-            print(f"warning: KL divergence {result.kl_mean:.4f} is above {args.kl_warn} (LLMD_KL_WARN / --kl-warn): "
+        kl_warn = args.kl_warn if args.kl_warn is not None else settings.kl_warn
+        if result.kl_mean > kl_warn:
+            print(f"warning: KL divergence {result.kl_mean:.4f} is above {kl_warn} (LLMD_KL_WARN / --kl-warn): "
                   "this quantization changes the model's answers noticeably")
     return 0
 
@@ -582,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--text", help="evaluation text file (default: the text shipped with llmd)")
     s.add_argument("--tokens", type=int, default=1024)
     s.add_argument("--window", type=int, default=256)
-    s.add_argument("--kl-warn", type=float, default=float(os.environ.get("LLMD_KL_WARN", "0.05")))
+    s.add_argument("--kl-warn", type=float, default=None, help="default: LLMD_KL_WARN")
     s.add_argument("--json", action="store_true")
     cmd("tray", cmd_tray, "the tray icon (needs a desktop session)")
     s = cmd("service", cmd_service, "start llmd and its tray at login: install, uninstall or status")

@@ -19,55 +19,28 @@ import platformdirs
 APP = "llmd"
 
 
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+
+
 @dataclass(frozen=True)
 class Setting:
+    """One row of the settings table: its name and what it does. Its type and default are the
+    Settings dataclass field's, so they are written once."""
+
     name: str
-    type: type
-    default: Any
     help: str
 
     @property
     def env(self) -> str:
         return "LLMD_" + self.name.upper()
 
+    @property
+    def type(self) -> type:
+        return _TYPES[str(_FIELDS[self.name].type)]
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("home", str, "", "one folder for all data, config, cache and logs (default: platformdirs)"),
-    Setting("host", str, "127.0.0.1", "address to listen on; loopback only unless you mean it"),
-    Setting("port", int, 11435, "TCP port of the HTTP API"),
-    Setting("model", str, "smollm2-135m", "model loaded at start and used when a request names none"),
-    Setting("ctx", int, 4096, "context length (tokens) each slot can hold"),
-    Setting("slots", int, 4, "concurrent sequences in one context (requests decoded together)"),
-    Setting("threads", int, 0, "CPU threads for llama.cpp (0: the physical cores)"),
-    Setting("chunk", int, 64, "prefix-cache block, and the exact policy's prefill chunk, in tokens"),
-    Setting("exact", bool, False, "the exact batching policy: the same greedy output whatever is cached or running, "
-            "at a latency cost (README: Two batching policies); default: the fast policy"),
-    Setting("prefill_budget", int, 128, "prompt tokens prefilled per step while other streams decode (fast policy; "
-            "with nothing else running a prompt goes in batches of 512)"),
-    Setting("max_queue", int, 64, "requests waiting for a slot before the API answers 503"),
-    Setting("max_body", int, 8 * 1024 * 1024, "largest request body accepted, in bytes"),
-    Setting("backend", str, "auto", "engine: auto (probe the machine), llama.cpp or tensorrt"),
-    Setting("gpu_layers", int, -1, "llama.cpp layers on the GPU (-1: as many as the backend choice fits)"),
-    Setting("preload", bool, True, "load the default model when the daemon starts"),
-    Setting("allowed_origins", str, "", "comma-separated browser origins allowed besides loopback ones"),
-    Setting("keep_alive", str, "5m", "unload a model idle this long (Ollama style: 30s, 5m, 1h, -1 = never)"),
-    Setting("max_loaded", int, 1, "models kept loaded at once; the least recently used idle one goes first"),
-    Setting("response_cache", bool, True, "answer repeated deterministic requests from the SQLite response cache"),
-    Setting("response_cache_ttl", float, 3600.0, "seconds a cached response stays valid"),
-    Setting("response_cache_mb", int, 256, "size bound of the response cache, MiB (least recently used go first)"),
-    Setting("prefix_cache_mb", int, 2048, "size bound of the on-disk prompt-prefix KV cache, MiB (0 turns it off)"),
-    Setting("prefix_ram_mb", int, 512, "in-memory tier of the prefix cache: recently evicted sequences, MiB"),
-    Setting("prefix_min_tokens", int, 256, "save a prompt's KV to disk when it has at least this many tokens"),
-    Setting("profile", bool, False, "record per-step engine timing, shown by /llmd/status and `llmd status --verbose`"),
-    Setting("speculation", str, "auto", "default speculation for requests that name none: auto (cost-aware), "
-            "ngram, draft or off (bit-exact; see README, Reproducible output)"),
-    Setting("draft", str, "", "draft models as TARGET=DRAFT pairs, comma-separated (like `llmd models pair`)"),
-    Setting("repack", str, "auto", "llama.cpp weight repacking (AMX and other CPU layouts): auto (on unless it "
-            "crashed on this CPU before; see `llmd doctor`), on or off"),
-    Setting("standby", bool, True, "keep one worker process started ahead, so loads and switches skip its start"),
-)
-
-_BY_NAME = {s.name: s for s in SETTINGS}
+    @property
+    def default(self) -> Any:
+        return _FIELDS[self.name].default
 
 
 def _parse(setting: Setting, raw: str) -> Any:
@@ -167,6 +140,7 @@ class Settings:
     speculation: str = "auto"
     draft: str = ""
     repack: str = "auto"
+    kl_warn: float = 0.05
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -184,6 +158,48 @@ class Settings:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "paths"}
         out["paths"] = {k: str(v) for k, v in vars(self.paths).items()}
         return out
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("home", "one folder for all data, config, cache and logs (default: platformdirs)"),
+    Setting("host", "address to listen on; loopback only unless you mean it"),
+    Setting("port", "TCP port of the HTTP API"),
+    Setting("model", "model loaded at start and used when a request names none"),
+    Setting("ctx", "context length (tokens) each slot can hold"),
+    Setting("slots", "concurrent sequences in one context (requests decoded together)"),
+    Setting("threads", "CPU threads for llama.cpp (0: the physical cores)"),
+    Setting("chunk", "prefix-cache block, and the exact policy's prefill chunk, in tokens"),
+    Setting("exact", "the exact batching policy: the same greedy output whatever is cached or running, "
+            "at a latency cost (README: Two batching policies); default: the fast policy"),
+    Setting("prefill_budget", "prompt tokens prefilled per step while other streams decode (fast policy; "
+            "with nothing else running a prompt goes in batches of 512)"),
+    Setting("max_queue", "requests waiting for a slot before the API answers 503"),
+    Setting("max_body", "largest request body accepted, in bytes"),
+    Setting("backend", "engine: auto (probe the machine), llama.cpp or tensorrt"),
+    Setting("gpu_layers", "llama.cpp layers on the GPU (-1: as many as the backend choice fits)"),
+    Setting("preload", "load the default model when the daemon starts"),
+    Setting("allowed_origins", "comma-separated browser origins allowed besides loopback ones"),
+    Setting("keep_alive", "unload a model idle this long (Ollama style: 30s, 5m, 1h, -1 = never)"),
+    Setting("max_loaded", "models kept loaded at once; the least recently used idle one goes first"),
+    Setting("response_cache", "answer repeated deterministic requests from the SQLite response cache"),
+    Setting("response_cache_ttl", "seconds a cached response stays valid"),
+    Setting("response_cache_mb", "size bound of the response cache, MiB (least recently used go first)"),
+    Setting("prefix_cache_mb", "size bound of the on-disk prompt-prefix KV cache, MiB (0 turns it off)"),
+    Setting("prefix_ram_mb", "in-memory tier of the prefix cache: recently evicted sequences, MiB"),
+    Setting("prefix_min_tokens", "save a prompt's KV to disk when it has at least this many tokens"),
+    Setting("profile", "record per-step engine timing, shown by /llmd/status and `llmd status --verbose`"),
+    Setting("speculation", "default speculation for requests that name none: auto (cost-aware), "
+            "ngram, draft or off (bit-exact; see README, Reproducible output)"),
+    Setting("draft", "draft models as TARGET=DRAFT pairs, comma-separated (like `llmd models pair`)"),
+    Setting("repack", "llama.cpp weight repacking (AMX and other CPU layouts): auto (on unless it "
+            "crashed on this CPU before; see `llmd doctor`), on or off"),
+    Setting("kl_warn", "`llmd eval` warns when the KL divergence from the base model is above this"),
+    Setting("standby", "keep one worker process started ahead, so loads and switches skip its start"),
+)
+
+_FIELDS = {f.name: f for f in fields(Settings)}
+_BY_NAME = {s.name: s for s in SETTINGS}
+assert set(_BY_NAME) == set(_FIELDS) - {"paths"}, "every Settings field needs a row in SETTINGS"
 
 
 def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:

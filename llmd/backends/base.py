@@ -41,8 +41,9 @@ class GenerationRequest:
     ctx_limit: int | None = None  # a per-request context bound below the slot's (Ollama num_ctx)
     raw: bool = False  # prompt is already templated (Ollama raw, /v1/completions)
     cache_prompt: bool = True  # reuse a cached prefix (off: compute the whole prompt)
-    # "off" | "ngram" (prompt lookup) | "draft" (paired model) | "auto" (cost-aware); "" = the daemon's default
-    speculation: str = "off"
+    # "off" | "ngram" (prompt lookup) | "draft" (paired model) | "auto" (cost-aware); "" = the daemon's
+    # default (LLMD_SPECULATION, set by the route layer), which an engine left alone treats as auto
+    speculation: str = ""
 
 
 @dataclass(frozen=True)

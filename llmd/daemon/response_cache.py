@@ -51,7 +51,8 @@ class Cached:
 
 
 def cacheable(req: GenerationRequest) -> bool:
-    return req.sampling.greedy or req.sampling.seed is not None
+    # max_tokens 0 warms the engine's prefix cache: replaying it from here would warm nothing
+    return (req.sampling.greedy or req.sampling.seed is not None) and req.max_tokens != 0
 
 
 def cache_key(req: GenerationRequest, model: dict[str, Any], engine: str) -> str:

@@ -36,6 +36,9 @@ def serve(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn runs the lifespan, which stops the workers."""
     settings.paths.ensure()
     _check_port(settings.host, settings.port)
+    from llmd.models.registry import Registry
+
+    Registry(settings.paths.registry_db, settings.paths.models_dir)  # a damaged registry stops here, named
     pid_file = settings.paths.pid_file
     pid_file.write_text(f"{os.getpid()}\n{settings.base_url}\n")
     log.info("llmd listening on %s (data in %s)", settings.base_url, settings.paths.data)

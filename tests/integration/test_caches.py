@@ -209,3 +209,23 @@ def test_concurrent_writers_and_size_bounds(tmp_path: Path):
         assert httpx.get(d.url + "/llmd/cache").json()["prefixes"]["entries"] == 0
     finally:
         d.stop()
+
+
+def test_fast_restores_an_evicted_sequence_from_memory(tmp_path: Path):
+    """One slot: a second conversation takes the slot; the first comes back from the in-memory tier
+    (not the disk, not recomputed), token by token."""
+    d = Daemon(tmp_path / "home", env={**ENV1, "LLMD_PREFIX_CACHE_MB": "0"}).start()
+    try:
+        a = long_chat("Who saved the sailors in 1893?")
+        first = chat(d, a, headers=NO_STORE).json()
+        import time
+
+        time.sleep(1.0)  # idle: the slot's KV is snapshotted into memory
+        chat(d, [{"role": "user", "content": "Something else entirely, please."}], headers=NO_STORE)
+        again = chat(d, a, headers=NO_STORE).json()
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == first["usage"]["prompt_tokens"] - 1
+        assert again["choices"][0]["message"]["content"].strip()
+        pc = httpx.get(d.url + "/llmd/status").json()["loaded"][0]["stats"]["prefix_cache"]
+        assert pc["memory_hits"] >= 1 and pc["memory_entries"] >= 1, pc
+    finally:
+        d.stop()

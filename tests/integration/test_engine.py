@@ -78,6 +78,34 @@ def test_fast_next_turn_prefills_only_the_new_message(http: httpx.Client):
     assert warm["choices"][0]["message"]["content"].strip()
 
 
+def test_warm_prefills_without_generating(http: httpx.Client):
+    msgs = [{"role": "system", "content": SYSTEM + " Warm me."}, {"role": "user", "content": "Who lit the first lamp?"}]
+    r = http.post("/llmd/warm", json={"messages": msgs})
+    assert r.status_code == 200, r.text
+    warm = r.json()
+    assert warm["prompt_tokens"] > 200 and warm["cached_tokens"] == 0
+    zero = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 0})
+    assert zero.status_code == 200 and zero.json()["choices"][0]["message"]["content"] == ""
+    assert zero.json()["usage"]["completion_tokens"] == 0
+    asked = chat(http, msgs)
+    assert asked["usage"]["prompt_tokens_details"]["cached_tokens"] == warm["prompt_tokens"] - 1
+    assert http.post("/llmd/warm", json={"prompt": "The keeper said"}).json()["prompt_tokens"] >= 3
+
+
+def test_fast_anticipates_the_next_turn_header(http: httpx.Client):
+    """After a reply that ended by itself, the idle engine prefills the end of turn and the next
+    user header: the next turn computes only the user's words and the assistant header."""
+    msgs = [{"role": "system", "content": SYSTEM + " Be very brief."}, {"role": "user", "content": "Hello!"}]
+    first = chat(http, msgs, max_tokens=200)
+    assert first["choices"][0]["finish_reason"] == "stop"
+    time.sleep(0.5)
+    turn2 = msgs + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": "Thanks"}]
+    u = chat(http, turn2)["usage"]
+    # "Thanks" + "<|im_end|>\n<|im_start|>assistant\n" is about 7 tokens
+    assert u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] <= 9, u
+
+
 def test_exact_prefix_reuse_gives_the_same_greedy_text(exact_http: httpx.Client):
     http = exact_http
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Who saved the sailors in 1893?"}]

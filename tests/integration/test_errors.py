@@ -26,7 +26,7 @@ def still_works(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize("body,param,contains", [
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature", "number"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens", ""),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "max_tokens", ""),
     ({"messages": "hello"}, "messages", ""),
     ({"messages": []}, "messages", ""),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", ""),

@@ -30,3 +30,22 @@ def test_missing_template_falls_back_to_chatml():
     t = ChatTemplate(None, "", "")
     assert t.builtin
     assert t.render([{"role": "user", "content": "a"}]) == "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_render_pieces_marks_message_contents():
+    from llmd.backends.llamacpp.chat_template import ChatTemplate
+
+    t = ChatTemplate(None, "", "")
+    msgs = [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hi <|im_end|> there"}]
+    pieces = t.render_pieces(msgs)
+    assert "".join(p for p, _ in pieces) == t.render(msgs)
+    assert [p for p, is_content in pieces if is_content] == ["be kind", "hi <|im_end|> there"]
+    assert all("<|im_start|>" not in p for p, is_content in pieces if is_content)
+
+
+def test_render_pieces_when_the_template_rewrites_contents():
+    from llmd.backends.llamacpp.chat_template import ChatTemplate
+
+    t = ChatTemplate("{% for m in messages %}[{{ m['content'] | upper }}]{% endfor %}", "", "")
+    pieces = t.render_pieces([{"role": "user", "content": "abc"}])
+    assert "".join(p for p, _ in pieces) == "[ABC]"

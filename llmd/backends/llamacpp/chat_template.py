@@ -70,6 +70,9 @@ class ChatTemplate:
             pieces.append((c, True))
             cursor = at + len(mark)
         pieces.append((text[cursor:], False))
+        plain = self.render(messages)
+        if "".join(p for p, _ in pieces) != plain:  # the template transforms contents (upper, trim...)
+            return _find_in_order(plain, [c for c in contents if c])
         return [p for p in pieces if p[0]]
 
 

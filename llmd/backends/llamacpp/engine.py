@@ -109,6 +109,7 @@ class LlamaCppEngine:
         raw_template = L.llama_model_chat_template(self.model, None)
         self.template = ChatTemplate(raw_template.decode("utf-8") if raw_template else None, self.bos_text, eos_text)
 
+        self._next_turn = self._next_turn_tokens()
         self.slots = [Slot(seq=i) for i in range(cfg.n_slots)]
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self._step_times: deque[float] = deque(maxlen=256)
@@ -380,7 +381,10 @@ class LlamaCppEngine:
             a.pos = end
             if end == len(a.prompt):
                 a.t_prefill_done = time.perf_counter()
-                self._sample(slot, row + end - start - 1, events)
+                if a.max_tokens == 0:  # warming the cache: the prompt's KV is what was asked for
+                    self._finish(slot, "length", events)
+                else:
+                    self._sample(slot, row + end - start - 1, events)
         for slot, row, drafts in plan:
             self._accept(slot, row, drafts, events)
 
@@ -404,6 +408,20 @@ class LlamaCppEngine:
         if drafts:
             self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
             self.spec.record(a, len(drafts), accepted)
+
+    def _next_turn_tokens(self) -> list[int]:
+        """What the chat template puts between the end of an assistant reply and the next user
+        message ("<|im_end|>\n<|im_start|>user\n" for ChatML); [] when the template hides it."""
+        a, b = "\ue000reply\ue001", "\ue000next\ue001"
+        try:
+            text = self.template.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": a},
+                                         {"role": "user", "content": b}], add_generation_prompt=False)
+        except Exception:
+            return []
+        i, j = text.find(a), text.find(b)
+        if i < 0 or j < i:
+            return []
+        return self.tokenize(text[i + len(a):j], False) if j > i + len(a) else []
 
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
         return slot.reusable(prompt, self.chunk, self.exact, self._is_eog)
@@ -445,7 +463,7 @@ class LlamaCppEngine:
         a.t_last = now
         if self._L.llama_vocab_is_eog(self.vocab, token):
             a.n_gen -= 1  # the end-of-generation token is not part of the reply
-            self._finish(slot, "stop", events)
+            self._finish(slot, "stop", events, eog=True)
             return False
         with self.profiler.span("detokenize"):
             text, stopped = a.text.push(self._piece(token))
@@ -460,7 +478,7 @@ class LlamaCppEngine:
         a.pending = token
         return True
 
-    def _finish(self, slot: Slot, reason: str, events: list[Event], flush: bool = True) -> None:
+    def _finish(self, slot: Slot, reason: str, events: list[Event], flush: bool = True, eog: bool = False) -> None:
         a = slot.active
         assert a is not None
         if flush:
@@ -483,6 +501,9 @@ class LlamaCppEngine:
         a.sampler.close()
         slot.active = None
         slot.last_used = time.monotonic()
+        if (eog and not self.exact and a.req.messages is not None and not a.req.raw and self._next_turn
+                and a.pending is None and len(slot.tokens) + len(self._next_turn) < a.n_ctx):
+            slot.tail = list(self._next_turn)  # anticipatory prefill, when idle: the next turn's header
         self.requests_done += 1
 
     def _fail(self, slot: Slot, events: list[Event], message: str) -> None:
@@ -504,6 +525,10 @@ class LlamaCppEngine:
             for slot in self.slots:
                 if slot.active is None and self._reprefill_end(slot) is not None:
                     return slot
+        else:
+            for slot in self.slots:
+                if slot.active is None and slot.tail:
+                    return slot
         if self.prefix is not None:
             for slot in self.slots:
                 if slot.active is None and self.prefix.wants(slot):
@@ -515,6 +540,8 @@ class LlamaCppEngine:
         if slot is not None and not self.waiting:
             if self.exact and self._reprefill_end(slot) is not None:
                 self._reprefill_chunk(slot)
+            elif not self.exact and slot.tail:
+                self._anticipate(slot)
             elif self.prefix is not None:
                 with self.profiler.span("prefix_save"):
                     self.prefix.save(self._L, self.ctx, self.mem, slot)
@@ -552,6 +579,22 @@ class LlamaCppEngine:
         slot.tokens.extend(chunk)
         del slot.tail[: end - start]
         slot.exact = end
+
+    def _anticipate(self, slot: Slot) -> None:
+        """(fast) Prefill the template's end of turn and next user header after a chat reply, while
+        idle, so the next turn prefills only the user's words. Aborted if a command arrives."""
+        L = self._L
+        chunk, start = slot.tail, len(slot.tokens)
+        slot.tail = []
+        L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
+        try:
+            ok = self._run(slot, chunk, start, logits_last=False)
+        finally:
+            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
+        if ok:
+            slot.tokens.extend(chunk)
+        else:
+            L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
 
     def _measure_cost(self) -> None:
         """Time verifying k drafts on this machine, in an idle slot (when every slot is free)."""

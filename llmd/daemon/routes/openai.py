@@ -60,8 +60,9 @@ class _ResponseFormat(BaseModel):
 class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")  # clients send fields we do not use (user, logprobs...)
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    # 0: prefill the prompt into the cache and answer nothing (warm it while the user is still typing)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
@@ -102,7 +103,7 @@ def _generation(body: _Common, **what: Any) -> GenerationRequest:
             response_format["json_schema"] = {"schema": rf.json_schema.schema_}
     return GenerationRequest(
         id=uuid.uuid4().hex,
-        max_tokens=body.max_completion_tokens or body.max_tokens,
+        max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
         sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
                           seed=body.seed, presence_penalty=body.presence_penalty,
                           frequency_penalty=body.frequency_penalty),
@@ -211,6 +212,31 @@ async def completions(request: Request) -> Response:
     return await _respond(run, body, chat=False)
 
 
+async def warm(request: Request) -> Response:
+    """POST /llmd/warm: prefill a chat (messages) or a raw prompt into the engine's caches and
+    generate nothing, so an app can warm the next request while its user is still typing. Takes
+    the body of /v1/chat/completions or /v1/completions; answers the prompt and cached token counts."""
+    raw = await request.body()
+    try:
+        is_chat = "messages" in json.loads(raw or b"{}")
+    except ValueError:
+        is_chat = True  # parse_body reports the bad JSON
+    body: _Common = await parse_body(request, ChatBody if is_chat else CompletionBody)
+    if isinstance(body, ChatBody):
+        messages = [{"role": m.role, "content": text_of(m.content, f"messages[{i}]")} for i, m in enumerate(body.messages)]
+        req = _generation(body.model_copy(update={"max_tokens": 0, "max_completion_tokens": None}), messages=messages)
+    else:
+        assert isinstance(body, CompletionBody)
+        prompt = body.prompt if isinstance(body.prompt, str) else "".join(body.prompt)
+        req = _generation(body.model_copy(update={"max_tokens": 0, "max_completion_tokens": None}), prompt=prompt,
+                          raw=True)
+    run = await start_run(request, body.model, req, "openai")
+    _, final = await run.collect()
+    u = final.usage
+    return JSONResponse({"model": run.model, "prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
+                         "prefill_s": round(u.prefill_s, 4)})
+
+
 async def list_models(request: Request) -> Response:
     registry = request.app.state.registry
     data = [{"id": m["name"], "object": "model", "created": int(m["added_at"]), "owned_by": "llmd"}
@@ -222,4 +248,5 @@ routes = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/llmd/warm", warm, methods=["POST"]),
 ]
