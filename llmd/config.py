@@ -77,8 +77,16 @@ class Paths:
         )
 
     def ensure(self) -> None:
+        """Make the folders, private to the user (0700): they hold prompts' token ids and the token."""
         for p in (self.data, self.config, self.cache, self.logs):
-            p.mkdir(parents=True, exist_ok=True)
+            p.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                os.chmod(p, 0o700)
+            except OSError:
+                pass
+            if not os.access(p, os.W_OK):
+                raise ValueError(f"llmd cannot write to {p}: make it writable by this user, or point LLMD_HOME "
+                                 "at a folder that is")
 
     @property
     def registry_db(self) -> Path:

@@ -21,7 +21,8 @@ Migration = tuple[str, Callable[[sqlite_utils.Database], None]]
 def open_db(path: Path, migrations: Sequence[Migration]) -> sqlite_utils.Database:
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
-    db = sqlite_utils.Database(path)
+    # usable from worker threads (the event loop hands slow calls to them); callers serialize writes
+    db = sqlite_utils.Database(sqlite3.connect(str(path), check_same_thread=False))
     if new:
         os.chmod(path, 0o600)
     db.enable_wal()

@@ -10,6 +10,7 @@
     ├── PayloadTooLarge       413: request body over the bound
     ├── Overloaded            503: queue full; .retry_after seconds
     ├── ModelUnavailable      503: the model's worker kept crashing; not started until asked for
+    ├── ClientGone            499: the client hung up before a non-streamed reply was done
     ├── EngineCrashed         500: the worker process died during the request
     └── EngineError           500: the engine failed for another reason
 
@@ -86,6 +87,12 @@ class ModelUnavailable(LlmdError):
     status = 503
     code = "model_unavailable"
     type = "server_error"
+
+
+class ClientGone(LlmdError):
+    status = 499  # nginx's "client closed request": nobody reads it
+    code = "client_closed_request"
+    type = "invalid_request_error"
 
 
 class EngineCrashed(LlmdError):

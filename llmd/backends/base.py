@@ -44,6 +44,7 @@ class GenerationRequest:
     # "off" | "ngram" (prompt lookup) | "draft" (paired model) | "auto" (cost-aware); "" = the daemon's
     # default (LLMD_SPECULATION, set by the route layer), which an engine left alone treats as auto
     speculation: str = ""
+    more_coming: bool = False  # the daemon is preparing other requests that arrived with this one
 
 
 @dataclass(frozen=True)

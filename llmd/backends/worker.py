@@ -42,6 +42,9 @@ def engine_class(backend: str) -> Any:
     return getattr(module, cls_name)
 
 
+COALESCE_S = 0.03  # the longest a first batch waits for requests that arrived with it
+
+
 def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any = None) -> None:
     """Entry point of the worker process. With cfg None it is a standby: it imports the engine
     (llama_cpp and its shared library) now and waits for the EngineConfig of the next load, so a
@@ -72,20 +75,28 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
         engine.interrupt = urgent.is_set
     try:
         while True:
-            timeout = 0.0 if engine.has_work() else None
+            idle = not engine.has_work()
+            timeout = None if idle else 0.0
+            hold_until = 0.0
             if urgent is not None:
                 urgent.clear()
             while conn.poll(timeout):
                 msg = conn.recv()
+                timeout = 0.0
                 if isinstance(msg, GenerationRequest):
                     engine.submit(msg)
+                    if idle and msg.more_coming:
+                        # Requests that arrived together reach us one by one (the daemon competes with
+                        # the engine for the cores): hold the first batch briefly so they share it
+                        # instead of waiting for a whole prefill each. A lone request never waits.
+                        hold_until = hold_until or time.monotonic() + COALESCE_S
+                        timeout = max(0.0, hold_until - time.monotonic())
                 elif isinstance(msg, Cancel):
                     engine.cancel(msg.id)
                 elif isinstance(msg, StatsRequest):
                     conn.send(Stats(engine.stats()))
                 elif isinstance(msg, Shutdown):
                     return
-                timeout = 0.0
             events = engine.step()
             if events:
                 with engine.profiler.span("ipc"):

@@ -51,6 +51,11 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         app.state.scheduler = sched
         app.state.started = time.time()
         sched.probe = await asyncio.to_thread(probe)
+        if settings.prefix_cache_mb > 0:  # before any worker writes: what a crash left behind goes
+            from llmd.backends.llamacpp.prefix_store import PrefixStore
+
+            await asyncio.to_thread(PrefixStore, settings.paths.prefix_dir, settings.prefix_cache_mb * 1024 * 1024,
+                                    True)
         app.state.metrics = Metrics(is_model=registry.has)
         sampler = asyncio.ensure_future(app.state.metrics.run_sampler(sched.status))
         preload = None

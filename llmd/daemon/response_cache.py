@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,7 +84,8 @@ def _disposable(default: Any) -> Callable[[Callable[..., Any]], Callable[..., An
         @functools.wraps(fn)
         def guarded(self: ResponseCache, *args: Any, **kw: Any) -> Any:
             try:
-                return fn(self, *args, **kw)
+                with self._lock:  # called from worker threads, one at a time
+                    return fn(self, *args, **kw)
             except sqlite3.DatabaseError as e:
                 log.warning("response cache %s failed (%s); rebuilding it", self.path, e)
                 self.db.conn.close()
@@ -99,6 +101,7 @@ def _disposable(default: Any) -> Callable[[Callable[..., Any]], Callable[..., An
 class ResponseCache:
     def __init__(self, path: Path, ttl_s: float = 3600.0, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.path = path
+        self._lock = threading.RLock()
         self.db = open_cache_db(path, MIGRATIONS)
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes

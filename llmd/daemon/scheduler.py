@@ -58,6 +58,7 @@ class Scheduler:
         self._draft_config = draft_pairs(settings.draft)
         self._pairs_checked: set[tuple[str, str]] = set()  # (target, draft) digests of LLMD_DRAFT pairs
         self.in_flight = 0
+        self.preparing = 0  # requests the routes are preparing (parsing, cache lookup), not yet submitted
         self.capacity = settings.slots + settings.max_queue
         self.started = time.time()
         self.crashes = 0
@@ -133,9 +134,11 @@ class Scheduler:
             raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
         # refuse before anything is allocated; other loaded models count as used memory already
         draft = await self._draft_for(row) if choice.backend == "llama.cpp" else None
-        info = read_gguf(row["path"]) if row["format"] == "gguf" else None
-        draft_info = read_gguf(draft["path"]) if draft else None
-        estimate = check_fit(name, info, s.ctx, s.slots, draft=draft_info) if info is not None else None
+        # file reads off the event loop
+        info = await asyncio.to_thread(read_gguf, row["path"]) if row["format"] == "gguf" else None
+        draft_info = await asyncio.to_thread(read_gguf, draft["path"]) if draft else None
+        estimate = (await asyncio.to_thread(check_fit, name, info, s.ctx, s.slots, None, draft_info)
+                    if info is not None else None)
         gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
         model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
         cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=s.ctx, n_slots=s.slots,
@@ -366,6 +369,11 @@ class Scheduler:
             worker, load_s = await self.worker_for(name)
             if timing is not None:
                 timing["load_s"] = load_s
+            if timing is not None and "submitted" not in timing:  # counted in `preparing` by the route
+                timing["submitted"] = 1
+                self.preparing -= 1
+                if self.preparing > 0:
+                    req = replace(req, more_coming=True)
             queue = worker.submit(req)
             finished = False
             try:

@@ -162,7 +162,7 @@ def test_nothing_leaks_after_200_mixed_requests(any8: Daemon):
             with httpx.stream("POST", daemon8.url + "/v1/chat/completions", json={**body, "stream": True,
                                                                                   "max_tokens": 200}, timeout=120) as r:
                 next(r.iter_lines())
-            return 200
+                return r.status_code
         if kind == 1:  # bad input
             return httpx.post(daemon8.url + "/v1/chat/completions", json={**body, "temperature": "x"}).status_code
         if kind == 2:

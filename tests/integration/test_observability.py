@@ -50,7 +50,8 @@ def test_metrics_count_the_requests_made(obs: Daemon):
     r = httpx.post(obs.url + "/api/generate", timeout=120, json={
         "model": "smollm2-135m", "prompt": "Hi", "stream": False, "options": {"num_predict": 5, "temperature": 0}})
     assert r.status_code == 200
-    httpx.post(obs.url + "/v1/chat/completions", json={"messages": "bad"})
+    bad = httpx.post(obs.url + "/v1/chat/completions", json={"messages": "bad"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
     after = scrape(obs)
 
     def delta(name: str, **labels: str) -> float:
@@ -62,7 +63,9 @@ def test_metrics_count_the_requests_made(obs: Daemon):
     assert delta("llmd_queue_wait_seconds_count") == 4
     assert delta("llmd_inter_token_latency_seconds_count") >= 4 * 3
     assert delta("llmd_requests_total", outcome="ok") == 4
-    assert delta("llmd_requests_total", outcome="rejected") >= 0  # body errors stop before a model is known
+    # a body error stops before any model is known: it counts nowhere, and nothing else moved
+    assert delta("llmd_requests_total", outcome="rejected") == 0
+    assert delta("llmd_requests_total") == 4
     assert delta("llmd_generated_tokens_total", model="smollm2-135m") >= 4
     assert delta("llmd_prompt_tokens_total") > 0
     assert delta("llmd_response_cache_total", result="miss") == 4

@@ -160,3 +160,20 @@ def test_a_damaged_registry_stops_start_with_a_message_naming_it(tmp_path: Path)
     assert r.returncode != 0
     assert str(registry) in r.stderr and "damaged" in r.stderr and "Traceback" not in r.stderr
     assert list((home / "data").glob("registry.db.damaged-*"))
+
+
+def test_a_non_streamed_request_is_cancelled_when_its_client_hangs_up(d: Daemon):
+    import time
+
+    body = {"messages": [{"role": "user", "content": "Write a very long essay about the sea."}], "max_tokens": 1500,
+            "temperature": 0.7}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(d.url + "/v1/chat/completions", json=body, timeout=1.5)
+    deadline = time.monotonic() + 5  # 1,500 tokens would take 15 s or more here
+    busy = None
+    while time.monotonic() < deadline:
+        busy = httpx.get(d.url + "/llmd/status").json()["loaded"][0]["stats"]["slots_busy"]
+        if busy == 0:
+            break
+        time.sleep(0.2)
+    assert busy == 0, "the engine kept generating for a client that was gone"

@@ -472,10 +472,10 @@ class LlamaCppEngine:
         if stopped:
             self._finish(slot, "stop", events, flush=False)
             return False
+        a.pending = token
         if a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= a.n_ctx:
             self._finish(slot, "length", events)
             return False
-        a.pending = token
         return True
 
     def _finish(self, slot: Slot, reason: str, events: list[Event], flush: bool = True, eog: bool = False) -> None:
@@ -501,9 +501,12 @@ class LlamaCppEngine:
         a.sampler.close()
         slot.active = None
         slot.last_used = time.monotonic()
-        if (eog and not self.exact and a.req.messages is not None and not a.req.raw and self._next_turn
-                and a.pending is None and len(slot.tokens) + len(self._next_turn) < a.n_ctx):
-            slot.tail = list(self._next_turn)  # anticipatory prefill, when idle: the next turn's header
+        # anticipatory prefill, when idle: the next turn's header after the reply as the client got it
+        # (ended by the model, or cut at max_tokens: then its last token is not in the KV yet)
+        ends = [] if eog else [a.pending] if reason == "length" and a.pending is not None else None
+        if (ends is not None and not self.exact and a.req.messages is not None and not a.req.raw
+                and self._next_turn and len(slot.tokens) + len(ends) + len(self._next_turn) < a.n_ctx):
+            slot.tail = [*ends, *self._next_turn]
         self.requests_done += 1
 
     def _fail(self, slot: Slot, events: list[Event], message: str) -> None:

@@ -72,11 +72,25 @@ class Match:
 class PrefixStore:
     """The index and the files. One instance per thread (each has its own SQLite connection)."""
 
-    def __init__(self, root: Path, max_bytes: int) -> None:
+    def __init__(self, root: Path, max_bytes: int, sweep: bool = False) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(root, 0o700)
         self.db = open_cache_db(root / "index.db", MIGRATIONS)
         self.max_bytes = max_bytes
+        if sweep:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Remove what a crash can leave behind: temp files, and entry files the index does not know."""
+        known = {r[0] for r in self.db.execute("select id from entries").fetchall()}
+        removed = 0
+        for f in self.root.iterdir():
+            if ".tmp" in f.name or (f.suffix == ".kv" and f.stem not in known):
+                f.unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            log.info("prefix cache: removed %d files left by an earlier crash", removed)
 
     def path(self, entry: str) -> Path:
         return self.root / f"{entry}.kv"
@@ -93,28 +107,40 @@ class PrefixStore:
         return self.db.execute("select 1 from blocks where hash = ?", [block_hash]).fetchone() is not None
 
     def read(self, entry: str, expect: list[int]) -> tuple[list[int], bytes] | None:
-        """(tokens, state bytes) of an entry whose tokens start with `expect`, or None (dropped)."""
+        """(tokens, state bytes) of an entry whose tokens start with `expect`, or None (dropped).
+        Every header field is checked; any failure while reading drops the entry."""
         path = self.path(entry)
         try:
             data = path.read_bytes()
             if data[:8] != MAGIC:
                 raise ValueError("bad magic")
             (hlen,) = struct.unpack_from("<Q", data, 8)
+            if hlen > len(data) - 16:
+                raise ValueError(f"header length {hlen} runs past the file ({len(data)} bytes)")
             header = json.loads(data[16:16 + hlen])
+            if not isinstance(header, dict):
+                raise ValueError("header is not an object")
+            tokens, size, crc = header.get("tokens"), header.get("size"), header.get("crc32")
+            if not (isinstance(tokens, list) and all(type(t) is int and t >= 0 for t in tokens)):
+                raise ValueError("tokens is not a list of token ids")
+            if header.get("n_tokens") != len(tokens) or not tokens:
+                raise ValueError("n_tokens does not match the tokens")
+            if type(size) is not int or type(crc) is not int:
+                raise ValueError("size or crc32 is not an integer")
             state = data[16 + hlen:]
-            if len(state) != header["size"]:
-                raise ValueError(f"payload is {len(state)} bytes, header says {header['size']}")
-            if zlib.crc32(state) != header["crc32"]:
+            if len(state) != size:
+                raise ValueError(f"payload is {len(state)} bytes, header says {size}")
+            if zlib.crc32(state) != crc:
                 raise ValueError("checksum mismatch")
-            if header["tokens"][: len(expect)] != expect:
+            if tokens[: len(expect)] != expect:
                 raise ValueError("tokens do not match the index")
-        except (OSError, ValueError, KeyError, struct.error) as e:
+        except Exception as e:  # anything wrong with an entry costs only the entry
             log.warning("prefix cache: dropping entry %s: %s", entry, e)
             self.drop(entry)
             return None
         with self.db.conn:
             self.db.conn.execute("update entries set last_used = ?, hits = hits + 1 where id = ?", [time.time(), entry])
-        return list(header["tokens"]), state
+        return list(tokens), state
 
     def write(self, ns: str, tokens: list[int], hashes: list[str], state: bytes) -> str:
         entry = hashes[-1][:32]
@@ -122,7 +148,8 @@ class PrefixStore:
                              "crc32": zlib.crc32(state)}).encode()
         path = self.path(entry)
         tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        with tmp.open("wb") as f:
+        # 0600: an entry holds the prompt's token ids, which decode back to the prompt
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(MAGIC + struct.pack("<Q", len(header)) + header)
             f.write(state)
             f.flush()
@@ -180,9 +207,17 @@ class PrefixWriter:
         self._thread = threading.Thread(target=self._run, name="llmd-prefix-writer", daemon=True)
         self._thread.start()
 
+    MAX_PENDING_BYTES = 512 * 1024 * 1024  # snapshots waiting for the disk; beyond it the oldest is skipped
+
     def submit(self, ns: str, tokens: list[int], hashes: list[str], state: bytes) -> None:
         with self._cv:
             self._jobs.append((ns, tokens, hashes, state))
+            pending = sum(len(j[3]) for j in self._jobs)
+            while pending > self.MAX_PENDING_BYTES and len(self._jobs) > 1:
+                skipped = self._jobs.pop(0)
+                pending -= len(skipped[3])
+                log.warning("prefix cache: the disk is behind; not saving a %d-token prefix (%d bytes) to keep "
+                            "memory bounded", len(skipped[1]), len(skipped[3]))
             self._cv.notify()
 
     def close(self, timeout: float = 10.0) -> None:

@@ -4,6 +4,7 @@ field, and running a request so that errors before the first token get a proper 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ from starlette.requests import Request
 
 from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
-from llmd.errors import BadRequest, LlmdError
+from llmd.errors import BadRequest, ClientGone, LlmdError
 
 M = TypeVar("M", bound=BaseModel)
 _log = logging.getLogger("llmd.requests")
@@ -70,6 +71,7 @@ class Run:
     cache_key: str | None = None
     text: list[str] = field(default_factory=list)
     final: FinalEvent | None = None
+    request: Request | None = None  # to notice a client that hangs up on a non-streamed reply
     on_done: Any = None  # called once with the Run after a complete reply
     api: str = "openai"
     metrics: Any = None
@@ -124,9 +126,25 @@ class Run:
     def headers(self) -> dict[str, str]:
         return {"X-LLMD-Cache": self.cache}
 
-    async def collect(self) -> tuple[str, FinalEvent]:
-        async for _ in self:
-            pass
+    async def collect(self, request: Request | None = None) -> tuple[str, FinalEvent]:
+        """The whole reply. With `request`, a client that hangs up before it is done cancels the
+        generation (as a closed stream does), instead of leaving it to run for nobody."""
+        async def drain() -> None:
+            async for _ in self:
+                pass
+
+        if request is None:
+            await drain()
+        else:
+            task = asyncio.ensure_future(drain())
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.5)
+                if not task.done() and await request.is_disconnected():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    raise ClientGone("the client closed the connection; the request was cancelled")
+            task.result()
         assert self.final is not None
         return "".join(self.text), self.final
 
@@ -147,8 +165,9 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
         run = await _start(request, model, req)
     except LlmdError as e:
         outcome = "rejected" if e.status < 500 else "error"
-        request.app.state.metrics.requests.labels(model or request.app.state.scheduler.active_model,
-                                                  "llama.cpp", api, outcome).inc()
+        metrics = request.app.state.metrics
+        name = model or request.app.state.scheduler.active_model
+        metrics.requests.labels(name if metrics.is_model(name) else "(unregistered)", "llama.cpp", api, outcome).inc()
         raise
     run.api = api
     run.metrics = request.app.state.metrics
@@ -156,6 +175,18 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
 
 
 async def _start(request: Request, model: str | None, req: GenerationRequest) -> Run:
+    scheduler = request.app.state.scheduler
+    scheduler.preparing += 1  # lets the engine hold its next batch for requests arriving together
+    timing: dict[str, float] = {}
+    try:
+        return await _prepare_run(request, model, req, timing)
+    finally:
+        if not timing.get("submitted"):
+            scheduler.preparing -= 1
+
+
+async def _prepare_run(request: Request, model: str | None, req: GenerationRequest,
+                       timing: dict[str, float]) -> Run:
     """Answer from the response cache, or submit and wait for the first event, so that errors
     become a 4xx/5xx before any body is sent."""
     state = request.app.state
@@ -170,19 +201,18 @@ async def _start(request: Request, model: str | None, req: GenerationRequest) ->
     no_store = "no-store" in request.headers.get("cache-control", "").lower()
     if cache is not None and not no_store and cacheable(req):
         key = cache_key(req, state.registry.get(name), "llama.cpp")
-        hit = cache.get(key)
+        hit = await asyncio.to_thread(cache.get, key)  # SQLite off the event loop
         if hit is not None:
             events = _replay(req, hit)
-            return Run(req, name, events, await events.__anext__(), t_start, cache="hit")
+            return Run(req, name, events, await events.__anext__(), t_start, cache="hit", request=request)
         status = "miss"
     elif cache is not None:
         cache.bypasses += 1
-    timing: dict[str, float] = {}
     events = scheduler.generate(name, req, timing)
     first = await events.__anext__()
-    run = Run(req, name, events, first, t_start, timing, cache=status, cache_key=key)
+    run = Run(req, name, events, first, t_start, timing, cache=status, cache_key=key, request=request)
     if key is not None:
-        run.on_done = lambda r: _store(cache, r)
+        run.on_done = lambda r: asyncio.get_running_loop().run_in_executor(None, _store, cache, r)
     return run
 
 

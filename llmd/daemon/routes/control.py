@@ -107,7 +107,8 @@ async def show_model(request: Request) -> Response:
 async def add_model(request: Request) -> Response:
     _authorize(request)
     body = await parse_body(request, _AddModel)
-    row = request.app.state.registry.add(Path(body.path), body.name)
+    # hashing a multi-GB file takes seconds: off the event loop, so every other route keeps answering
+    row = await asyncio.to_thread(request.app.state.registry.add, Path(body.path), body.name)
     return JSONResponse(_describe(request, row), status_code=201)
 
 

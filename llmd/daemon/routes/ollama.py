@@ -139,7 +139,7 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
         return head
 
     if not stream:
-        text, _ = await run.collect()
+        text, _ = await run.collect(run.request)
         return JSONResponse({**piece(text), **_final_fields(run)}, headers=run.headers)
 
     async def lines() -> AsyncIterator[bytes]:

@@ -145,7 +145,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
     created = int(time.time())
     obj = "chat.completion" if chat else "text_completion"
     if not body.stream:
-        text, final = await run.collect()
+        text, final = await run.collect(run.request)
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(final.finish_reason), "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
