@@ -51,7 +51,7 @@ def test_fast_reuses_a_live_prefix_token_by_token(http: httpx.Client):
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Who saved the sailors in 1893?"}]
     cold = chat(http, msgs)
     assert 230 <= cold["usage"]["prompt_tokens"] <= 320, cold["usage"]
-    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] < 10  # at most the template's first tokens
     again = chat(http, msgs)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == cold["usage"]["prompt_tokens"] - 1
     assert again["choices"][0]["message"]["content"].strip()
@@ -79,11 +79,11 @@ def test_fast_next_turn_prefills_only_the_new_message(http: httpx.Client):
 
 
 def test_warm_prefills_without_generating(http: httpx.Client):
-    msgs = [{"role": "system", "content": SYSTEM + " Warm me."}, {"role": "user", "content": "Who lit the first lamp?"}]
+    msgs = [{"role": "system", "content": "Warm me first. " + SYSTEM}, {"role": "user", "content": "Who lit the first lamp?"}]
     r = http.post("/llmd/warm", json={"messages": msgs})
     assert r.status_code == 200, r.text
     warm = r.json()
-    assert warm["prompt_tokens"] > 200 and warm["cached_tokens"] == 0
+    assert warm["prompt_tokens"] > 200 and warm["cached_tokens"] < 10  # at most the template's first tokens
     zero = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 0})
     assert zero.status_code == 200 and zero.json()["choices"][0]["message"]["content"] == ""
     assert zero.json()["usage"]["completion_tokens"] == 0
@@ -93,11 +93,11 @@ def test_warm_prefills_without_generating(http: httpx.Client):
 
 
 def test_fast_anticipates_the_next_turn_header(http: httpx.Client):
-    """After a reply that ended by itself, the idle engine prefills the end of turn and the next
-    user header: the next turn computes only the user's words and the assistant header."""
+    """After a reply (ended by the model or cut at max_tokens), the idle engine prefills the end of
+    turn and the next user header: the next turn computes only the user's words and the assistant
+    header."""
     msgs = [{"role": "system", "content": SYSTEM + " Be very brief."}, {"role": "user", "content": "Hello!"}]
-    first = chat(http, msgs, max_tokens=200)
-    assert first["choices"][0]["finish_reason"] == "stop"
+    first = chat(http, msgs, max_tokens=60)
     time.sleep(0.5)
     turn2 = msgs + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
                     {"role": "user", "content": "Thanks"}]
