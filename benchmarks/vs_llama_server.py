@@ -43,11 +43,14 @@ class Peer:
 
     def __init__(self, name: str, url: str, idle: Callable[[], None]) -> None:
         self.name, self.url, self.idle = name, url, idle
+        self.prefilled = -1
         # a fresh connection per request: llama-server may close a kept-alive one as the next request goes out
         self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
 
     def stream(self, messages: list[dict], max_tokens: int, **extra: object) -> tuple[float, float, int, int, str]:
-        """(ttft s, decode tok/s, completion tokens, prompt tokens, text); tokens from usage."""
+        """(ttft s, decode tok/s, completion tokens, prompt tokens, text); tokens from usage. Also
+        sets .prefilled: prompt tokens the server computed (llama-server's timings.prompt_n, llmd's
+        prompt_tokens - cached_tokens)."""
         body = {"model": "smollm2-135m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}, **extra}
         t0 = time.perf_counter()
@@ -61,12 +64,16 @@ class Peer:
                     continue
                 chunk = json.loads(line[6:])
                 usage = chunk.get("usage") or usage
+                if "prompt_n" in (chunk.get("timings") or {}):
+                    self.prefilled = int(chunk["timings"]["prompt_n"])
                 for ch in chunk.get("choices", []):
                     if (ch.get("delta") or {}).get("content"):
                         pieces.append(ch["delta"]["content"])
                         last = time.perf_counter()
                         first = first or last
         n = int(usage.get("completion_tokens", 0))
+        if "prompt_tokens_details" in usage and usage["prompt_tokens_details"] is not None:
+            self.prefilled = int(usage["prompt_tokens"]) - int(usage["prompt_tokens_details"].get("cached_tokens") or 0)
         tps = (n - 1) / (last - first) if n > 1 and last > first else float("nan")
         return first - t0, tps, n, int(usage.get("prompt_tokens", 0)), "".join(pieces)
 
@@ -107,7 +114,7 @@ def shared_prefix(p: Peer, r: int, tag: int) -> dict[str, float]:
 
 
 def multi_turn(p: Peer, r: int, tag: int) -> dict[str, float]:
-    convo, turns = [SYS], []
+    convo, turns, computed = [SYS], [], []
     for i, q in enumerate(["Tell me about lighthouses.", "Who keeps them?", "What did they eat?",
                            "How did they light the lamp?", "Were they lonely?", "Are any still staffed?"]):
         convo.append({"role": "user", "content": f"{q} ({tag}-{r})"})
@@ -115,8 +122,10 @@ def multi_turn(p: Peer, r: int, tag: int) -> dict[str, float]:
         ttft, _, _, _, reply = p.stream(convo, 60)
         if i:
             turns.append(ttft)
+            computed.append(p.prefilled)
         convo.append({"role": "assistant", "content": reply})
-    return {"multi-turn chat, turns 2-6 TTFT (s)": med(turns)}
+    return {"multi-turn chat, turns 2-6 TTFT (s)": med(turns),
+            "  prompt tokens computed per turn": med([float(c) for c in computed])}
 
 
 def four_clients(p: Peer, r: int, tag: int) -> dict[str, float]:
@@ -174,6 +183,21 @@ def llama_server() -> tuple[subprocess.Popen | None, str, list[str]]:
     return proc, url, args
 
 
+def warm_row(url: str, rounds: int) -> tuple[float, float]:
+    """(cold TTFT, TTFT after POST /llmd/warm of the conversation so far) on a ~1,950-token prompt:
+    an app warms the cache while its user is still typing the question."""
+    p = Peer("llmd", url, lambda: wait_idle(url))
+    cold, warm = [], []
+    for r in range(rounds):
+        doc = f"[warm-{r}] " + text_of(1600, 500 + r)
+        cold.append(p.ttft([{"role": "user", "content": doc + "\nQuestion: what is this about?"}]))
+        doc2 = f"[warm2-{r}] " + text_of(1600, 600 + r)
+        p.idle()
+        p.http.post(url + "/llmd/warm", json={"messages": [{"role": "user", "content": doc2}]}).raise_for_status()
+        warm.append(p.ttft([{"role": "user", "content": doc2 + "\nQuestion: what is this about?"}]))
+    return med(cold), med(warm)
+
+
 def restart_row() -> tuple[float, float]:
     """(cold TTFT, TTFT after a restart from the disk prefix cache) on a ~2,000-token prompt."""
     env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
@@ -212,6 +236,7 @@ def main() -> None:
             llmd_urls.append(lurl)
             peers.append(Peer(name, lurl, all_idle))
         results = run_paths(peers, args.rounds)
+        warm_cold, warm_warm = warm_row(llmd_urls[0], args.rounds)
     finally:
         for pr in procs:
             stop(pr)
@@ -229,7 +254,9 @@ def main() -> None:
     for row, theirs in peer.items():
         f, e = results["llmd fast"][row], results["llmd exact"][row]
         print(f"{row:<46} {theirs:>12.3f} {f:>9.3f} {f / theirs:>9.2f} {e:>9.3f} {e / theirs:>10.2f}")
-    print(f"\nllmd fast after a restart (disk prefix, ~2,000 tokens, new question): cold {cold_s:.2f} s, "
+    print(f"\nllmd fast, POST /llmd/warm while the user types (~1,950-token prompt): cold {warm_cold:.2f} s, "
+          f"after warming {warm_warm:.3f} s, {warm_warm / warm_cold:.1%} of cold")
+    print(f"llmd fast after a restart (disk prefix, ~2,000 tokens, new question): cold {cold_s:.2f} s, "
           f"restored {warm_s:.3f} s, {warm_s / cold_s:.1%} of cold")
 
 
