@@ -48,6 +48,18 @@ class ChatTemplate:
         except TemplateError as e:
             raise BadRequest(f"the model's chat template refused these messages: {e}", "messages") from None
 
+    def between_turns(self) -> str:
+        """What the template puts between the end of an assistant reply and the next user message
+        ("<|im_end|>\n<|im_start|>user\n" for ChatML); "" when it cannot be told."""
+        a, b = "\ue000reply\ue001", "\ue000next\ue001"
+        try:
+            text = self.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": a},
+                                {"role": "user", "content": b}], add_generation_prompt=False)
+        except Exception:
+            return ""
+        i, j = text.find(a), text.find(b)
+        return text[i + len(a):j] if 0 <= i and i + len(a) < j else ""
+
     def render_pieces(self, messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
         """The rendered prompt as (text, is_message_content) pieces, so the engine can tokenize what
         users wrote without special-token parsing: a message saying "<|im_end|>" stays text and

@@ -7,6 +7,7 @@ first decode of more than one token while weights are repacked.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 from typing import Any
@@ -97,3 +98,28 @@ def warm_up(decode: Decoder, batch: Any, mem: Any, n_tokens: int, n_seqs: int, n
         ok = decode(batch) == 0
     L.llama_memory_clear(mem, True)
     return ok
+
+
+def tokenize(vocab: Any, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+    import llama_cpp as L
+
+    data = text.encode("utf-8")
+    cap = len(data) + 8
+    buf = (L.llama_token * cap)()
+    n = L.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+    if n < 0:
+        cap = -n
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+    return list(buf[:n])
+
+
+def token_piece(vocab: Any, token: int, special: bool = False) -> bytes:
+    import llama_cpp as L
+
+    buf = ctypes.create_string_buffer(64)
+    n = L.llama_token_to_piece(vocab, token, buf, 64, 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = L.llama_token_to_piece(vocab, token, buf, -n, 0, special)
+    return buf.raw[:n]

@@ -12,6 +12,11 @@ slot with its own native sampler chain. Two batching policies (DESIGN: Two batch
   token, each chunk alone in its decode; reuse only whole chunks of prefill-computed KV; idle
   slots re-prefill their replies. Greedy output is then the same whatever is cached or running.
 Both keep one KV stream per slot (see __init__ for the measurements).
+
+It stays one module of about 600 lines because the step loop's parts (admission, the batch,
+sampling, finishing, idle work) all act on the same slots and batch; what can stand alone lives
+beside it: context.py (llama.cpp setup), chunks.py (exact chunk boundaries), prefix_cache.py,
+speculation.py, slots.py.
 """
 
 from __future__ import annotations
@@ -35,7 +40,16 @@ from llmd.backends.base import (
 )
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.chat_template import ChatTemplate
-from llmd.backends.llamacpp.context import Decoder, load_model, new_context, physical_cores, warm_up
+from llmd.backends.llamacpp.chunks import ChunkGrid
+from llmd.backends.llamacpp.context import (
+    Decoder,
+    load_model,
+    new_context,
+    physical_cores,
+    token_piece,
+    tokenize,
+    warm_up,
+)
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.prefix_cache import PrefixCache
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for
@@ -109,8 +123,10 @@ class LlamaCppEngine:
         raw_template = L.llama_model_chat_template(self.model, None)
         self.template = ChatTemplate(raw_template.decode("utf-8") if raw_template else None, self.bos_text, eos_text)
 
-        self._next_turn = self._next_turn_tokens()
+        between = self.template.between_turns()  # anticipated after each chat reply (fast policy)
+        self._next_turn = self.tokenize(between, False) if between else []
         self.slots = [Slot(seq=i) for i in range(cfg.n_slots)]
+        self.grid = ChunkGrid(cfg.chunk, self._is_eog)
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self._step_times: deque[float] = deque(maxlen=256)
         self.requests_done = 0
@@ -193,7 +209,9 @@ class LlamaCppEngine:
             "waiting": len(self.waiting),
             "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
             "requests_done": self.requests_done,
-            "idle_work": self._idle_slot() is not None or self._cost_pending(),  # still to do when idle
+            # still to do when idle (snapshots being written included): benchmarks wait for it
+            "idle_work": (self._idle_slot() is not None or self._cost_pending()
+                          or (self.prefix is not None and self.prefix.writing)),
             "speculation": self.spec.stats(),
             "prefix_cache": self.prefix.info() if self.prefix is not None else {"enabled": False},
             "profile": self.profiler.summary(),
@@ -356,7 +374,7 @@ class LlamaCppEngine:
                 a = slot.active
                 assert a is not None
                 start = a.pos
-                end = self._exact_chunk_end(a.prompt, start) if self.exact else min(len(a.prompt), start + budget)
+                end = self.grid.chunk_end(a.prompt, start) if self.exact else min(len(a.prompt), start + budget)
                 for i in range(start, end):
                     put(self.batch, n + i - start, a.prompt[i], i, slot.seq, i == len(a.prompt) - 1)
                 parts.append((slot, start, end, n))
@@ -376,7 +394,7 @@ class LlamaCppEngine:
             a = slot.active
             assert a is not None
             slot.tokens.extend(a.prompt[start:end])
-            if self.exact and slot.exact == start and self._is_boundary(a.prompt, end):
+            if self.exact and slot.exact == start and self.grid.is_boundary(a.prompt, end):
                 slot.exact = end
             a.pos = end
             if end == len(a.prompt):
@@ -409,40 +427,11 @@ class LlamaCppEngine:
             self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
             self.spec.record(a, len(drafts), accepted)
 
-    def _next_turn_tokens(self) -> list[int]:
-        """What the chat template puts between the end of an assistant reply and the next user
-        message ("<|im_end|>\n<|im_start|>user\n" for ChatML); [] when the template hides it."""
-        a, b = "\ue000reply\ue001", "\ue000next\ue001"
-        try:
-            text = self.template.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": a},
-                                         {"role": "user", "content": b}], add_generation_prompt=False)
-        except Exception:
-            return []
-        i, j = text.find(a), text.find(b)
-        if i < 0 or j < i:
-            return []
-        return self.tokenize(text[i + len(a):j], False) if j > i + len(a) else []
-
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
         return slot.reusable(prompt, self.chunk, self.exact, self._is_eog)
 
     def _is_eog(self, token: int) -> bool:
         return bool(self._L.llama_vocab_is_eog(self.vocab, token))
-
-    # ---- exact policy: chunk boundaries at the grid and after each end of turn ----------------------
-
-    def _is_boundary(self, tokens: list[int], end: int) -> bool:
-        return end % self.chunk == 0 or (end > 0 and self._is_eog(tokens[end - 1]))
-
-    def _exact_chunk_end(self, tokens: list[int], start: int) -> int:
-        """Where the chunk starting at `start` ends: the next grid point, or right after an
-        end-of-turn token before it, so a conversation prefilled whole and one prefilled turn by
-        turn are cut into the same chunks."""
-        grid = min(len(tokens), (start // self.chunk + 1) * self.chunk)
-        for i in range(start, grid - 1):
-            if self._is_eog(tokens[i]):
-                return i + 1
-        return grid
 
     def _job(self, slot: Slot) -> Job:
         a = slot.active
@@ -526,7 +515,7 @@ class LlamaCppEngine:
             return None
         if self.exact:
             for slot in self.slots:
-                if slot.active is None and self._reprefill_end(slot) is not None:
+                if slot.active is None and self.grid.reprefill_end(slot) is not None:
                     return slot
         else:
             for slot in self.slots:
@@ -541,7 +530,7 @@ class LlamaCppEngine:
     def _idle_work(self) -> None:
         slot = self._idle_slot()
         if slot is not None and not self.waiting:
-            if self.exact and self._reprefill_end(slot) is not None:
+            if self.exact and self.grid.reprefill_end(slot) is not None:
                 self._reprefill_chunk(slot)
             elif not self.exact and slot.tail:
                 self._anticipate(slot)
@@ -551,18 +540,10 @@ class LlamaCppEngine:
         elif self._cost_pending():
             self._measure_cost()
 
-    def _reprefill_end(self, slot: Slot) -> int | None:
-        """(exact) The end of the next whole chunk past `exact` of the slot's reply, if any."""
-        seq = slot.tokens + slot.tail
-        if slot.exact >= len(seq):
-            return None
-        end = self._exact_chunk_end(seq, slot.exact)
-        return end if self._is_boundary(seq, end) else None
-
     def _reprefill_chunk(self, slot: Slot) -> None:
         """(exact) Recompute one whole chunk past `exact` as prefill would, dropping decode-time KV.
         A command arriving from the daemon aborts the decode, so idle work never delays a request."""
-        end = self._reprefill_end(slot)
+        end = self.grid.reprefill_end(slot)
         assert end is not None
         start = slot.exact
         L = self._L
@@ -571,12 +552,7 @@ class LlamaCppEngine:
             del slot.tokens[start:]
             L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
         chunk = slot.tail[: end - start]
-        L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
-        try:
-            ok = self._run(slot, chunk, start, logits_last=False)
-        finally:
-            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
-        if not ok:  # aborted for a new command (or failed): the tail stays, retried when idle again
+        if not self._run_abortable(slot, chunk, start):  # aborted for a new command (or failed): the tail stays, retried when idle again
             L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
             return
         slot.tokens.extend(chunk)
@@ -586,41 +562,30 @@ class LlamaCppEngine:
     def _anticipate(self, slot: Slot) -> None:
         """(fast) Prefill the template's end of turn and next user header after a chat reply, while
         idle, so the next turn prefills only the user's words. Aborted if a command arrives."""
-        L = self._L
         chunk, start = slot.tail, len(slot.tokens)
         slot.tail = []
-        L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
-        try:
-            ok = self._run(slot, chunk, start, logits_last=False)
-        finally:
-            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
-        if ok:
+        if self._run_abortable(slot, chunk, start):
             slot.tokens.extend(chunk)
         else:
-            L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
+            self._L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
+
+    def _run_abortable(self, slot: Slot, tokens: list[int], start: int) -> bool:
+        """Idle work's decode: a command arriving from the daemon aborts it (False), so idle work
+        never delays a request."""
+        L = self._L
+        L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
+        try:
+            return self._run(slot, tokens, start, logits_last=False)
+        finally:
+            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
 
     def _measure_cost(self) -> None:
-        """Time verifying k drafts on this machine, in an idle slot (when every slot is free)."""
-        L = self._L
+        """Time verifying k drafts on this machine, in an idle slot (when every slot is free); its
+        cached prefix is given up once, for this measurement."""
         scratch = self.slots[-1]
-        scratch.forget(L, self.mem)  # its cached prefix is given up once, for this measurement
-        seq = scratch.seq
-        base = [self.bos if self.bos >= 0 else 0] * 64
-        self._run(scratch, base, 0, logits_last=False)
-        for k in (0, 1, 2, 4, 8):
-            best = float("inf")
-            for _ in range(3):
-                for j in range(k + 1):
-                    put(self.batch, j, base[j], 64 + j, seq, True)
-                self.batch.n_tokens = k + 1
-                t0 = time.perf_counter()
-                self._llama_decode(self.batch)
-                best = min(best, time.perf_counter() - t0)
-                L.llama_memory_seq_rm(self.mem, seq, 64, -1)
-            self.spec.cost[k] = best
-        scratch.forget(L, self.mem)
-        log.info("verification cost by draft length (ms): %s",
-                 {k: round(v * 1000, 1) for k, v in self.spec.cost.items()})
+        scratch.forget(self._L, self.mem)
+        self.spec.measure_cost(self._llama_decode, self.batch, self.mem, scratch.seq, self.bos if self.bos >= 0 else 0)
+        scratch.forget(self._L, self.mem)
 
     def _warm_up(self) -> None:
         """Run every kernel a request will, so one that crashes does so while loading (context.warm_up)."""
@@ -638,21 +603,7 @@ class LlamaCppEngine:
         return self._llama_decode(self.batch) == 0
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
-        L = self._L
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
+        return tokenize(self.vocab, text, add_special, parse_special)
 
     def _piece(self, token: int, special: bool = False) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = self._L.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = self._L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
-        return buf.raw[:n]
+        return token_piece(self.vocab, token, special)

@@ -188,6 +188,10 @@ class PrefixCache:
         for h in [h for h, (e, _) in self._ram_blocks.items() if e == entry]:
             del self._ram_blocks[h]
 
+    @property
+    def writing(self) -> bool:
+        return self.writer is not None and self.writer.busy
+
     def info(self) -> dict[str, Any]:
         return {**self.stats, "enabled": self.enabled, "memory_entries": len(self._ram),
                 "memory_bytes": self._ram_used}

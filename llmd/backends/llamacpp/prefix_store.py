@@ -203,6 +203,7 @@ class PrefixWriter:
         self._jobs: list[tuple[str, list[int], list[str], bytes]] = []
         self._cv = threading.Condition()
         self._closed = False
+        self._writing = False
         self.saved = 0
         self._thread = threading.Thread(target=self._run, name="llmd-prefix-writer", daemon=True)
         self._thread.start()
@@ -220,6 +221,11 @@ class PrefixWriter:
                             "memory bounded", len(skipped[1]), len(skipped[3]))
             self._cv.notify()
 
+    @property
+    def busy(self) -> bool:
+        """Snapshots queued or being written (its disk and CPU use are llmd's idle work too)."""
+        return bool(self._jobs) or self._writing
+
     def close(self, timeout: float = 10.0) -> None:
         with self._cv:
             self._closed = True
@@ -235,8 +241,11 @@ class PrefixWriter:
                 if not self._jobs:
                     return
                 job = self._jobs.pop(0)
+                self._writing = True
             try:
                 store.write(*job)
                 self.saved += 1
             except Exception:
                 log.exception("prefix cache: could not save an entry")
+            finally:
+                self._writing = False

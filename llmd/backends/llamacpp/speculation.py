@@ -10,13 +10,19 @@ the acceptance estimate can recover.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.drafters import NgramDrafter
 from llmd.backends.llamacpp.slots import Active
 from llmd.errors import BadRequest
+
+log = logging.getLogger("llmd.speculation")
 
 LENGTHS = (1, 2, 3, 4, 6, 8)
 PROBE_EVERY = 8  # steps without drafting before one probe draft
@@ -157,6 +163,28 @@ class Speculator:
             return best
         a.steps_without_draft = 0
         return max(probe, key=lambda d: a.accept_ema.get(d, self.prior[d])), 1
+
+    def measure_cost(self, decode: Callable[[Any], int], batch: Any, mem: Any, seq: int, token: int) -> None:
+        """t(k): the best of 3 timings of verifying k drafts after a 64-token context, in sequence
+        `seq` (which the caller gives up for it)."""
+        import llama_cpp as L
+
+        for j in range(64):
+            put(batch, j, token, j, seq, False)
+        batch.n_tokens = 64
+        decode(batch)
+        for k in (0, 1, 2, 4, 8):
+            best = float("inf")
+            for _ in range(3):
+                for j in range(k + 1):
+                    put(batch, j, token, 64 + j, seq, True)
+                batch.n_tokens = k + 1
+                t0 = time.perf_counter()
+                decode(batch)
+                best = min(best, time.perf_counter() - t0)
+                L.llama_memory_seq_rm(mem, seq, 64, -1)
+            self.cost[k] = best
+        log.info("verification cost by draft length (ms): %s", {k: round(v * 1000, 1) for k, v in self.cost.items()})
 
     def observe(self, rows: int, seconds: float) -> None:
         """Fold a real step's decode time into t(rows - 1): in operation the batch shares the caches
