@@ -7,6 +7,7 @@
     ├── Unauthorized          401: a control route without the daemon's token
     ├── Forbidden             403: Host or Origin not allowed (DNS rebinding guard)
     ├── ModelNotFound         404: no registered model by that name
+    ├── RouteNotFound         404: no such route (answered in the caller's API shape)
     ├── PayloadTooLarge       413: request body over the bound
     ├── Overloaded            503: queue full; .retry_after seconds
     ├── ModelUnavailable      503: the model's worker kept crashing; not started until asked for
@@ -64,6 +65,12 @@ class Forbidden(LlmdError):
 class ModelNotFound(LlmdError):
     status = 404
     code = "model_not_found"
+    type = "invalid_request_error"
+
+
+class RouteNotFound(LlmdError):
+    status = 404
+    code = "not_found"
     type = "invalid_request_error"
 
 

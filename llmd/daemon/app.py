@@ -34,6 +34,21 @@ async def _llmd_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error_body(request.url.path, exc), status_code=exc.status, headers=headers)
 
 
+async def _not_found(request: Request, exc: Exception) -> Response:
+    from llmd.errors import RouteNotFound
+
+    err = RouteNotFound(f"no route {request.method} {request.url.path}; llmd serves /v1 (OpenAI), /api (Ollama) "
+                        "and /llmd (its own); see README")
+    return JSONResponse(error_body(request.url.path, err), status_code=404)
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    from llmd.errors import RouteNotFound
+
+    err = RouteNotFound(f"{request.url.path} does not take {request.method}")
+    return JSONResponse(error_body(request.url.path, err), status_code=405)
+
+
 def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -74,7 +89,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
     return Starlette(
         routes=routes,
         middleware=[Middleware(SecurityMiddleware, settings=settings)],
-        exception_handlers={LlmdError: _llmd_error},
+        exception_handlers={LlmdError: _llmd_error, 404: _not_found, 405: _not_allowed},
         lifespan=lifespan,
     )
 

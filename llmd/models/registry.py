@@ -156,6 +156,8 @@ class Registry:
 
     def get(self, name: str) -> dict[str, Any]:
         row = self._row(name)
+        if row is None and name.endswith(":latest"):  # Ollama's default tag names the untagged model
+            row = self._row(name[: -len(":latest")])
         if row is None:
             known = ", ".join(r["name"] for r in self.list()) or "none"
             raise ModelNotFound(f"model {name!r} is not registered (registered: {known}); add it with `llmd models add PATH.gguf`", "model")

@@ -65,7 +65,7 @@ def test_generate_json_format(http: httpx.Client):
 
 def test_tags_ps_show_version(http: httpx.Client):
     tags = http.get("/api/tags").json()["models"]
-    smol = next(m for m in tags if m["name"] == MODEL)
+    smol = next(m for m in tags if m["name"] == MODEL + ":latest")
     assert smol["details"]["quantization_level"] == "Q4_1" and smol["size"] > 90_000_000
     assert len(smol["digest"]) == 64
     ps = http.get("/api/ps").json()["models"]
@@ -93,7 +93,7 @@ def _check_client(client: ollama.Client) -> None:
     assert streamed == resp.message.content
     gen = client.generate(model=MODEL, prompt="Hello", options={"temperature": 0, "num_predict": 5})
     assert gen.response and gen.eval_count == 5
-    assert MODEL in [m.model for m in client.list().models]
+    assert MODEL + ":latest" in [m.model for m in client.list().models]  # tagged, as Ollama lists them
     assert client.show(MODEL).details.family == "llama"
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="no-such-model", messages=[{"role": "user", "content": "x"}])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -22,10 +23,19 @@ M = TypeVar("M", bound=BaseModel)
 _log = logging.getLogger("llmd.requests")
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
+async def parse_body(request: Request, model: type[M], nulls_are_unset: bool = False) -> M:
+    """The body validated as `model`; with `nulls_are_unset`, a top-level JSON null means "not sent"
+    (OpenAI's spec allows null for every optional field, and clients send it)."""
     raw = await request.body()
     if not raw.strip():
         raise BadRequest("the request body is empty; send a JSON object")
+    if nulls_are_unset:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None  # reported as invalid JSON below
+        if isinstance(data, dict) and None in data.values():
+            raw = json.dumps({k: v for k, v in data.items() if v is not None}).encode()
     try:
         return model.model_validate_json(raw, strict=True)
     except ValidationError as e:
@@ -41,6 +51,13 @@ async def parse_body(request: Request, model: type[M]) -> M:
 def _short(err: Any) -> bool:
     v = err.get("input")
     return isinstance(v, str | int | float | bool) and len(repr(v)) < 80
+
+
+def canonical_name(registry: Any, name: str) -> str:
+    """Ollama's `name:latest` is the model registered as `name` (one worker, one cache key)."""
+    if name.endswith(":latest") and not registry.has(name):
+        return name[: -len(":latest")]
+    return name
 
 
 def text_of(content: Any, where: str) -> str:
@@ -191,7 +208,7 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     become a 4xx/5xx before any body is sent."""
     state = request.app.state
     scheduler = state.scheduler
-    name = model or scheduler.active_model
+    name = canonical_name(state.registry, model or scheduler.active_model)
     if not req.speculation:
         req = replace(req, speculation=scheduler.speculation)
     t_start = time.perf_counter()

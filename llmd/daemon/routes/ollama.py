@@ -20,7 +20,7 @@ from starlette.routing import Route
 from llmd import __version__
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent
 from llmd.config import SpeculationMode
-from llmd.daemon.routes._common import Run, parse_body, start_run
+from llmd.daemon.routes._common import Run, canonical_name, parse_body, start_run
 from llmd.errors import BadRequest, LlmdError
 
 OLLAMA_COMPAT_VERSION = "0.12.0"  # the Ollama API version whose shapes these routes follow
@@ -45,7 +45,7 @@ class _Options(BaseModel):
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
+    content: str | None = ""  # null: no text (Ollama accepts it)
     images: list[str] | None = None
 
 
@@ -53,7 +53,7 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
     stream: bool = True
-    format: Literal["json"] | dict[str, Any] | None = None
+    format: Literal["json", ""] | dict[str, Any] | None = None  # "": unset, as Ollama treats it
     options: _Options | None = None
     keep_alive: float | int | str | None = None
 
@@ -163,18 +163,20 @@ def _keep_alive(request: Request, body: _Base) -> None:
 
 async def chat(request: Request) -> Response:
     body = await parse_body(request, ChatBody)
+    body.model = canonical_name(request.app.state.registry, body.model)
     _keep_alive(request, body)
     if any(m.images for m in body.messages):
         raise BadRequest("messages carry images; the loaded models are text-only", "messages.images")
     if not body.messages:  # Ollama loads the model and answers done
         return await _load_only(request, body, chat=True)
-    req = _generation(body, messages=[{"role": m.role, "content": m.content} for m in body.messages])
+    req = _generation(body, messages=[{"role": m.role, "content": m.content or ""} for m in body.messages])
     run = await start_run(request, body.model, req, "ollama")
     return await _respond(run, body.stream, chat=True)
 
 
 async def generate(request: Request) -> Response:
     body = await parse_body(request, GenerateBody)
+    body.model = canonical_name(request.app.state.registry, body.model)
     _keep_alive(request, body)
     if body.images:
         raise BadRequest("the request carries images; the loaded models are text-only", "images")
@@ -218,8 +220,13 @@ def _modified(m: dict[str, Any]) -> str:
     return datetime.fromtimestamp(m["mtime"], timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _tagged(name: str) -> str:
+    return name if ":" in name else f"{name}:latest"
+
+
 async def tags(request: Request) -> Response:
-    models = [{"name": m["name"], "model": m["name"], "modified_at": _modified(m), "size": m["size"],
+    # Ollama lists tagged names; an untagged model is `name:latest` (and answers to both)
+    models = [{"name": _tagged(m["name"]), "model": _tagged(m["name"]), "modified_at": _modified(m), "size": m["size"],
                "digest": m["digest"].removeprefix("sha256:"), "details": _details(m)}
               for m in request.app.state.registry.list()]
     return JSONResponse({"models": models})
@@ -245,7 +252,7 @@ async def show(request: Request) -> Response:
     name = body.model or body.name
     if not name:
         raise BadRequest("send the model's name in 'model'", "model")
-    m = request.app.state.registry.get(name)
+    m = request.app.state.registry.get(canonical_name(request.app.state.registry, name))
     from llmd.models.gguf import read_gguf
 
     info = read_gguf(m["path"]) if m["format"] == "gguf" else None

@@ -193,7 +193,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
 
 
 async def chat_completions(request: Request) -> Response:
-    body = await parse_body(request, ChatBody)
+    body = await parse_body(request, ChatBody, nulls_are_unset=True)
     messages = [{"role": m.role, "content": text_of(m.content, f"messages[{i}]")} for i, m in enumerate(body.messages)]
     req = _generation(body, messages=messages)
     run = await start_run(request, body.model, req, "openai")
@@ -201,7 +201,7 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def completions(request: Request) -> Response:
-    body = await parse_body(request, CompletionBody)
+    body = await parse_body(request, CompletionBody, nulls_are_unset=True)
     prompt = body.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:
@@ -244,7 +244,13 @@ async def list_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+async def get_model(request: Request) -> Response:
+    m = request.app.state.registry.get(request.path_params["id"])
+    return JSONResponse({"id": m["name"], "object": "model", "created": int(m["added_at"]), "owned_by": "llmd"})
+
+
 routes = [
+    Route("/v1/models/{id:str}", get_model, methods=["GET"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
