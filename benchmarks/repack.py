@@ -15,7 +15,8 @@ import time
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.context import Decoder, load_model, new_context, physical_cores
 from llmd.backends.llamacpp.trial import crash_signal
-from llmd.backends.repack import cpu_identity, llama_cpp_version, repack_kind
+from llmd.backends.repack import llama_cpp_version, repack_kind
+from llmd.backends.select import cpu_identity
 from llmd.config import load_settings
 from llmd.models.registry import Registry
 

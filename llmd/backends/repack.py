@@ -17,11 +17,12 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from llmd.backends.select import cpu_identity
 
 log = logging.getLogger("llmd.repack")
 
@@ -38,23 +39,6 @@ def llama_cpp_version() -> str:
         return version("llama_cpp_python")
     except PackageNotFoundError:
         return "unknown"
-
-
-def cpu_identity() -> tuple[str, tuple[str, ...]]:
-    """The CPU's model name and every flag it reports (the kernels llama.cpp picks follow them)."""
-    name, flags = platform.processor() or platform.machine(), tuple[str, ...]()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and name in ("", platform.machine()):
-                    name = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = tuple(sorted(set(value.split())))
-    except OSError:
-        pass
-    return name, flags
 
 
 def repack_kind(flags: tuple[str, ...] | None = None) -> str:

@@ -159,7 +159,8 @@ def choose(probe: Probe, model: ModelFormats, override: str | None = None) -> Ch
 # ---- the probe --------------------------------------------------------------------------------
 
 
-def _cpu() -> tuple[str, tuple[str, ...]]:
+def cpu_identity() -> tuple[str, tuple[str, ...]]:
+    """The CPU's model name and every flag it reports (the kernels llama.cpp picks follow them)."""
     name, flags = platform.processor() or platform.machine(), tuple[str, ...]()
     try:
         with open("/proc/cpuinfo") as f:
@@ -169,13 +170,18 @@ def _cpu() -> tuple[str, tuple[str, ...]]:
                 if key == "model name" and name in ("", platform.machine()):
                     name = value.strip()
                 elif key in ("flags", "Features") and not flags:
-                    wanted = ("avx", "avx2", "avx512f", "avx512_vnni", "fma", "f16c", "neon", "asimd", "sve",
-                              "amx_tile", "avx_vnni")
-                    have = set(value.split())
-                    flags = tuple(w for w in wanted if w in have)
+                    flags = tuple(sorted(set(value.split())))
     except OSError:
         pass
     return name, flags
+
+
+_SIMD = ("avx", "avx2", "avx512f", "avx512_vnni", "fma", "f16c", "neon", "asimd", "sve", "amx_tile", "avx_vnni")
+
+
+def _cpu() -> tuple[str, tuple[str, ...]]:
+    name, flags = cpu_identity()
+    return name, tuple(w for w in _SIMD if w in flags)
 
 
 def _gpus() -> tuple[tuple[GPU, ...], str]:

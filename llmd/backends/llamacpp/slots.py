@@ -66,7 +66,9 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds, in order
     exact: int = 0  # tokens[:exact] came from aligned prefill chunks (exact policy)
     saved: int = 0  # tokens[:saved] are in the prefix cache already
-    tail: list[int] = field(default_factory=list)  # tokens after `tokens` whose KV was dropped, to re-prefill
+    # tokens after `tokens` to prefill when idle: (exact) a reply's dropped decode-time KV to redo,
+    # (fast) the next turn's header, anticipated after a reply
+    tail: list[int] = field(default_factory=list)
     active: Active | None = None
     last_used: float = field(default_factory=time.monotonic)
 
