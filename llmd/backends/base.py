@@ -45,6 +45,10 @@ class GenerationRequest:
     # default (LLMD_SPECULATION, set by the route layer), which an engine left alone treats as auto
     speculation: str = ""
     more_coming: bool = False  # the daemon is preparing other requests that arrived with this one
+    # OpenAI-shaped {"type": "function", "function": {name, description, parameters}} (llmd.chat.tools)
+    tools: list[dict[str, Any]] | None = field(default=None, repr=False)
+    tool_choice: str = "auto"  # "auto" | "none" | "required" | a tool's name
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True)

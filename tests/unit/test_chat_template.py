@@ -1,6 +1,6 @@
 import pytest
 
-from llmd.backends.llamacpp.chat_template import ChatTemplate
+from llmd.chat.template import ChatTemplate
 from llmd.errors import BadRequest
 from llmd.models.catalog import find_packaged
 from llmd.models.gguf import read_gguf
@@ -33,7 +33,7 @@ def test_missing_template_falls_back_to_chatml():
 
 
 def test_render_pieces_marks_message_contents():
-    from llmd.backends.llamacpp.chat_template import ChatTemplate
+    from llmd.chat.template import ChatTemplate
 
     t = ChatTemplate(None, "", "")
     msgs = [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hi <|im_end|> there"}]
@@ -44,7 +44,7 @@ def test_render_pieces_marks_message_contents():
 
 
 def test_render_pieces_when_the_template_rewrites_contents():
-    from llmd.backends.llamacpp.chat_template import ChatTemplate
+    from llmd.chat.template import ChatTemplate
 
     t = ChatTemplate("{% for m in messages %}[{{ m['content'] | upper }}]{% endfor %}", "", "")
     pieces = t.render_pieces([{"role": "user", "content": "abc"}])

@@ -39,7 +39,6 @@ from llmd.backends.base import (
     Usage,
 )
 from llmd.backends.llamacpp.batch import put
-from llmd.backends.llamacpp.chat_template import ChatTemplate
 from llmd.backends.llamacpp.chunks import ChunkGrid
 from llmd.backends.llamacpp.context import (
     Decoder,
@@ -52,11 +51,14 @@ from llmd.backends.llamacpp.context import (
 )
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.prefix_cache import PrefixCache
-from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for
+from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for, grammar_for_tools
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
 from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.profile import Profiler
+from llmd.chat.formats import detect
+from llmd.chat.template import ChatTemplate
+from llmd.chat.tools import prepare_tools
 from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
 
 log = logging.getLogger("llmd.engine")
@@ -122,6 +124,7 @@ class LlamaCppEngine:
         eos_text = self._piece(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
         raw_template = L.llama_model_chat_template(self.model, None)
         self.template = ChatTemplate(raw_template.decode("utf-8") if raw_template else None, self.bos_text, eos_text)
+        self.chat_format = detect(self.template.source if not self.template.builtin else None)
 
         between = self.template.between_turns()  # anticipated after each chat reply (fast policy)
         self._next_turn = self.tokenize(between, False) if between else []
@@ -166,6 +169,7 @@ class LlamaCppEngine:
             "load_s": round(self.load_s, 3),
             "rss_load_bytes": self.rss_load,
             "chat_template": "builtin-chatml" if self.template.builtin else "gguf",
+            "tool_format": self.chat_format.tools,
             "pid": os.getpid(),
         }
 
@@ -309,8 +313,12 @@ class LlamaCppEngine:
         return (slot, reuse) if slot is not target else (target, 0)
 
     def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
+        grammar = grammar_for(req.response_format)
         if req.messages is not None and not req.raw:
-            pieces = self.template.render_pieces(req.messages)
+            messages, tools, constraint = prepare_tools(self.chat_format, req)
+            if constraint is not None:
+                grammar = grammar_for_tools(constraint)
+            pieces = self.template.render_pieces(messages, tools)
             text = "".join(p for p, _ in pieces)
             add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
             prompt = []
@@ -337,7 +345,7 @@ class LlamaCppEngine:
             )
         max_tokens = req.max_tokens if req.max_tokens is not None else room
         drafters = self.spec.drafters_for(req.speculation)
-        sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar_for(req.response_format))
+        sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar)
         active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received, n_ctx=n_ctx)
         active.drafters = drafters
         active.auto = req.speculation in ("auto", "")
@@ -455,7 +463,8 @@ class LlamaCppEngine:
             self._finish(slot, "stop", events, eog=True)
             return False
         with self.profiler.span("detokenize"):
-            text, stopped = a.text.push(self._piece(token))
+            # with tools, marker tokens (<tool_call>, [TOOL_CALLS]...) are text the reply parser reads
+            text, stopped = a.text.push(self._piece(token, special=bool(a.req.tools)))
         if text:
             events.append(TokenEvent(a.req.id, text, 1))
         if stopped:

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from llmd.backends.base import Sampling
+from llmd.chat.tools import ToolConstraint
 from llmd.errors import GrammarError
 
 # llama.cpp's grammar parser expands a bounded repetition into nested rules and recurses over them:
@@ -65,6 +66,27 @@ def grammar_for(response_format: dict[str, Any] | None) -> str | None:
     raise GrammarError(
         f"response_format.type {kind!r} is not supported; use text, json_object or json_schema", "response_format"
     )
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text)  # a GBNF string literal escapes as JSON does, for the text we write
+
+
+def grammar_for_tools(c: ToolConstraint) -> str:
+    """GBNF for a tool constraint: prefix, a JSON value matching the schema, suffix (repeated for
+    parallel calls). The schema comes from the request's tools, so it is bounded like any other."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    check_schema_bounds(c.schema, "tools")
+    try:
+        body = json_schema_to_gbnf(json.dumps(c.schema))
+    except Exception as e:
+        raise GrammarError(f"cannot turn the tools' parameter schemas into a grammar: {e}", "tools") from None
+    body = re.sub(r"^root ::=", "llmd-call ::=", body, flags=re.M)
+    block = " ".join(p for p in (_literal(c.prefix) if c.prefix else "", "llmd-call",
+                                 _literal(c.suffix) if c.suffix else "") if p)
+    root = f"root ::= {block}" + (f' ("\\n" {block})*' if c.repeat else "")
+    return root + "\n" + body
 
 
 class SamplerChain:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
+from llmd.chat.formats import ChatFormat, detect
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.errors import BadRequest, ClientGone, LlmdError
 
@@ -243,3 +245,63 @@ def _store(cache: Any, run: Run) -> None:
         import logging
 
         logging.getLogger("llmd.response_cache").exception("could not store a reply")
+
+
+_formats: dict[tuple[str, str], ChatFormat] = {}
+
+
+def _template_of(row: dict[str, Any]) -> str | None:
+    from pathlib import Path
+
+    from llmd.models.gguf import read_gguf
+
+    if row["format"] == "gguf":
+        return read_gguf(row["path"]).chat_template
+    config = Path(row["path"]) / "tokenizer_config.json"  # a Hugging Face checkpoint (TensorRT-LLM)
+    try:
+        template = json.loads(config.read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
+    return template if isinstance(template, str) else None
+
+
+async def chat_format(request: Request, model: str) -> ChatFormat:
+    """How the model's template writes tool calls and reasoning (what the engine also detects)."""
+    row = request.app.state.registry.get(model)
+    key = (row["path"], row["digest"])
+    if key not in _formats:
+        _formats[key] = detect(await asyncio.to_thread(_template_of, row))
+    return _formats[key]
+
+
+def normalize_tools(tools: list[Any] | None, where: str = "tools") -> list[dict[str, Any]] | None:
+    """Tools in OpenAI's shape ({"type": "function", "function": {...}}), each checked: a name
+    of letters, digits, _ . - (at most 64), and parameters that are a JSON schema object."""
+    if not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict):
+            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
+            raise BadRequest(f"{where}[{i}] is a {kind!r} tool; llmd runs function tools "
+                             '({"type": "function", "function": {"name": ..., "parameters": {...}}})', f"{where}[{i}]")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise BadRequest(f"{where}[{i}].function.name {name!r} must be 1-64 letters, digits, '_', '.' or '-'",
+                             f"{where}[{i}].function.name")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise BadRequest(f"{where}[{i}].function.parameters must be a JSON schema object",
+                             f"{where}[{i}].function.parameters")
+        clean: dict[str, Any] = {"name": name, "description": fn.get("description") or "",
+                 "parameters": params or {"type": "object", "properties": {}}}
+        out.append({"type": "function", "function": clean})
+    names = [t["function"]["name"] for t in out]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise BadRequest(f"two tools are named {dup!r}; tool names must be unique", where)
+    return out
+
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")

@@ -7,6 +7,7 @@ NDJSON streaming by default, and durations in nanoseconds.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -19,10 +20,20 @@ from starlette.routing import Route
 
 from llmd import __version__
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent
+from llmd.chat.formats import detect
+from llmd.chat.parse import ReplyParser, ToolCall
 from llmd.config import SpeculationMode
-from llmd.daemon.routes._common import Run, canonical_name, parse_body, start_run
+from llmd.daemon.routes._common import (
+    Run,
+    canonical_name,
+    chat_format,
+    normalize_tools,
+    parse_body,
+    start_run,
+)
 from llmd.errors import BadRequest, LlmdError
 
+log = logging.getLogger("llmd.requests")
 OLLAMA_COMPAT_VERSION = "0.12.0"  # the Ollama API version whose shapes these routes follow
 
 
@@ -42,11 +53,26 @@ class _Options(BaseModel):
     speculation: SpeculationMode | None = None  # llmd extension
 
 
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str = ""
+    function: _Function
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""  # null: no text (Ollama accepts it)
     images: list[str] | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_name: str | None = None  # on a tool result: which tool answered
+    thinking: str | None = None
 
 
 class _Base(BaseModel):
@@ -60,6 +86,22 @@ class _Base(BaseModel):
 
 class ChatBody(_Base):
     messages: list[_Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    think: bool | Literal["low", "medium", "high"] | None = None
+
+
+def _messages(body: ChatBody) -> list[dict[str, Any]]:
+    out = []
+    for m in body.messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.arguments if isinstance(c.function.arguments, str)
+                else json.dumps(c.function.arguments, ensure_ascii=False)}} for c in m.tool_calls]
+        if m.tool_name:
+            d["name"] = m.tool_name
+        out.append(d)
+    return out
 
 
 class GenerateBody(_Base):
@@ -129,30 +171,66 @@ def _ndjson(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
+def _calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "function": {"index": i, "name": c.name, "arguments": c.arguments_object}}
+            for i, c in enumerate(calls)]
+
+
 async def _respond(run: Run, stream: bool, chat: bool) -> Response:
-    def piece(text: str) -> dict[str, Any]:
+    parser = ReplyParser(await chat_format(run.request, run.model), bool(run.req.tools)) \
+        if run.request is not None else None
+
+    def piece(text: str, reasoning: str = "", calls: list[ToolCall] | None = None) -> dict[str, Any]:
         head: dict[str, Any] = {"model": run.model, "created_at": _now()}
         if chat:
             head["message"] = {"role": "assistant", "content": text}
+            if reasoning:
+                head["message"]["thinking"] = reasoning
+            if calls:
+                head["message"]["tool_calls"] = _calls(calls)
         else:
             head["response"] = text
+            if reasoning:
+                head["thinking"] = reasoning
         return head
 
     if not stream:
         text, _ = await run.collect(run.request)
-        return JSONResponse({**piece(text), **_final_fields(run)}, headers=run.headers)
+        if parser is None:
+            return JSONResponse({**piece(text), **_final_fields(run)}, headers=run.headers)
+        reply = parser.parse(text)
+        return JSONResponse({**piece(reply.content, reply.reasoning, reply.tool_calls), **_final_fields(run)},
+                            headers=run.headers)
 
     async def lines() -> AsyncIterator[bytes]:
         try:
             async for ev in run:
                 if isinstance(ev, TokenEvent):
-                    yield _ndjson({**piece(ev.text), "done": False})
+                    if parser is None:
+                        yield _ndjson({**piece(ev.text), "done": False})
+                        continue
+                    d = parser.feed(ev.text)
+                    if d.content or d.reasoning:
+                        yield _ndjson({**piece(d.content, d.reasoning), "done": False})
         except LlmdError as e:  # after the first token the status is sent: report in the stream
             yield _ndjson({"error": e.message})
             return
+        if parser is not None:
+            d = parser.finish()
+            if d.content or d.reasoning or d.tool_calls:
+                yield _ndjson({**piece(d.content, d.reasoning, d.tool_calls), "done": False})
         yield _ndjson({**piece(""), **_final_fields(run)})
 
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers=run.headers)
+
+
+_told: set[str] = set()
+
+
+def _note_no_thinking(model: str) -> None:
+    if model not in _told:
+        _told.add(model)
+        log.info("%s: 'think' asked for, but its chat template writes no reasoning; answering without it", model)
 
 
 def _keep_alive(request: Request, body: _Base) -> None:
@@ -169,7 +247,10 @@ async def chat(request: Request) -> Response:
         raise BadRequest("messages carry images; the loaded models are text-only", "messages.images")
     if not body.messages:  # Ollama loads the model and answers done
         return await _load_only(request, body, chat=True)
-    req = _generation(body, messages=[{"role": m.role, "content": m.content or ""} for m in body.messages])
+    fmt = await chat_format(request, body.model)
+    if body.think and not fmt.thinking:
+        _note_no_thinking(body.model)
+    req = _generation(body, messages=_messages(body), tools=normalize_tools(body.tools))
     run = await start_run(request, body.model, req, "ollama")
     return await _respond(run, body.stream, chat=True)
 
@@ -265,7 +346,8 @@ async def show(request: Request) -> Response:
         "template": (info.chat_template if info else None) or "",
         "details": _details(m),
         "model_info": model_info,
-        "capabilities": ["completion"],
+        "capabilities": ["completion", "tools"] + (["thinking"] if detect(info.chat_template if info else None).thinking
+                                                   else []) + (["embedding"] if info else []),
         "modified_at": _modified(m),
     })
 

@@ -18,8 +18,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
+from llmd.chat.parse import ReplyParser, ToolCall
+from llmd.chat.tools import check_choice
 from llmd.config import SpeculationMode
-from llmd.daemon.routes._common import Run, parse_body, start_run, text_of
+from llmd.daemon.routes._common import Run, chat_format, normalize_tools, parse_body, start_run, text_of
 from llmd.daemon.security import error_body
 from llmd.errors import BadRequest, LlmdError
 
@@ -32,11 +34,33 @@ class _Part(BaseModel):
     text: str | None = None
 
 
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str = ""
+    type: str = "function"
+    function: _Function
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[_Part] | None = None
     name: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class _NamedChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: _Function | None = None
+    name: str | None = None  # the Responses API's flat shape
 
 
 class _StreamOptions(BaseModel):
@@ -81,6 +105,45 @@ class _Common(BaseModel):
 
 class ChatBody(_Common):
     messages: list[_Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | _NamedChoice | None = None
+    parallel_tool_calls: bool = True
+
+
+def chat_messages(messages: list[_Message]) -> list[dict[str, Any]]:
+    """The messages as the engine takes them: text contents, tool calls and results kept."""
+    out = []
+    for i, m in enumerate(messages):
+        d: dict[str, Any] = {"role": m.role, "content": text_of(m.content, f"messages[{i}]")}
+        if m.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function",
+                                "function": {"name": c.function.name, "arguments": c.function.arguments
+                                             if isinstance(c.function.arguments, str)
+                                             else json.dumps(c.function.arguments)}} for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def tool_fields(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool,
+                has_format: bool) -> dict[str, Any]:
+    """GenerationRequest's tool fields from an OpenAI-style request, checked."""
+    normalized = normalize_tools(tools)
+    if isinstance(choice, _NamedChoice):
+        name = choice.function.name if choice.function else choice.name
+        if not name:
+            raise BadRequest("tool_choice names no function; send {\"type\": \"function\", \"function\": "
+                             "{\"name\": ...}}", "tool_choice")
+        choice = name
+    choice = choice or "auto"
+    check_choice(normalized, choice)
+    if normalized and choice != "none" and has_format:
+        raise BadRequest("send either tools or a JSON response_format: a reply cannot be held to both "
+                         "(or set tool_choice to none)", "response_format")
+    return {"tools": normalized, "tool_choice": choice, "parallel_tool_calls": parallel}
 
 
 class CompletionBody(_Common):
@@ -129,8 +192,13 @@ def usage_json(u: Usage) -> dict[str, Any]:
     }
 
 
-def _finish_reason(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
+def _finish_reason(reason: str, calls: bool = False) -> str:
+    return "length" if reason == "length" else "tool_calls" if calls else "stop"
+
+
+def tool_calls_json(calls: list[ToolCall], streamed: bool = False) -> list[dict[str, Any]]:
+    return [{**({"index": i} if streamed else {}), "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -144,10 +212,22 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
     rid = ("chatcmpl-" if chat else "cmpl-") + run.req.id
     created = int(time.time())
     obj = "chat.completion" if chat else "text_completion"
+    parser = ReplyParser(await chat_format(run.request, run.model), bool(run.req.tools)
+                         and run.req.tool_choice != "none") if chat and run.request is not None else None
     if not body.stream:
         text, final = await run.collect(run.request)
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(final.finish_reason), "logprobs": None}
-        if chat:
+        if parser is not None:
+            reply = parser.parse(text)
+            message: dict[str, Any] = {"role": "assistant", "content": reply.content or None if reply.tool_calls
+                                       else reply.content}
+            if reply.reasoning:
+                message["reasoning_content"] = reply.reasoning
+            if reply.tool_calls:
+                message["tool_calls"] = tool_calls_json(reply.tool_calls)
+                choice["finish_reason"] = _finish_reason(final.finish_reason, True)
+            choice["message"] = message
+        elif chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
@@ -171,16 +251,33 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
     async def stream() -> AsyncIterator[bytes]:
         if chat:
             yield _sse(chunk({"role": "assistant", "content": ""}, None))
+        calls = False
         try:
             async for ev in run:
                 if isinstance(ev, TokenEvent):
-                    yield _sse(chunk({"content": ev.text} if chat else ev.text, None))
+                    if parser is None:
+                        yield _sse(chunk(ev.text, None))
+                        continue
+                    d = parser.feed(ev.text)
+                    if d.reasoning:
+                        yield _sse(chunk({"reasoning_content": d.reasoning}, None))
+                    if d.content:
+                        yield _sse(chunk({"content": d.content}, None))
         except LlmdError as e:  # after the first token the status is sent: report in the stream
             yield _sse(error_body("/v1", e))
             yield b"data: [DONE]\n\n"
             return
         assert run.final is not None
-        yield _sse(chunk({} if chat else "", _finish_reason(run.final.finish_reason)))
+        if parser is not None:
+            d = parser.finish()
+            if d.reasoning:
+                yield _sse(chunk({"reasoning_content": d.reasoning}, None))
+            if d.content:
+                yield _sse(chunk({"content": d.content}, None))
+            if d.tool_calls:
+                calls = True
+                yield _sse(chunk({"tool_calls": tool_calls_json(d.tool_calls, streamed=True)}, None))
+        yield _sse(chunk({} if chat else "", _finish_reason(run.final.finish_reason, calls)))
         if include_usage:
             yield _sse({"id": rid, "object": chunk_obj, "created": created, "model": run.model, "choices": [],
                         "usage": usage_json(run.final.usage)})
@@ -194,8 +291,9 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatBody, nulls_are_unset=True)
-    messages = [{"role": m.role, "content": text_of(m.content, f"messages[{i}]")} for i, m in enumerate(body.messages)]
-    req = _generation(body, messages=messages)
+    tools = tool_fields(body.tools, body.tool_choice, body.parallel_tool_calls,
+                        body.response_format is not None and body.response_format.type != "text")
+    req = _generation(body, messages=chat_messages(body.messages), **tools)
     run = await start_run(request, body.model, req, "openai")
     return await _respond(run, body, chat=True)
 
@@ -223,8 +321,9 @@ async def warm(request: Request) -> Response:
         is_chat = True  # parse_body reports the bad JSON
     body: _Common = await parse_body(request, ChatBody if is_chat else CompletionBody)
     if isinstance(body, ChatBody):
-        messages = [{"role": m.role, "content": text_of(m.content, f"messages[{i}]")} for i, m in enumerate(body.messages)]
-        req = _generation(body.model_copy(update={"max_tokens": 0, "max_completion_tokens": None}), messages=messages)
+        tools = tool_fields(body.tools, body.tool_choice, body.parallel_tool_calls, False)
+        req = _generation(body.model_copy(update={"max_tokens": 0, "max_completion_tokens": None}),
+                          messages=chat_messages(body.messages), **tools)
     else:
         assert isinstance(body, CompletionBody)
         prompt = body.prompt if isinstance(body.prompt, str) else "".join(body.prompt)

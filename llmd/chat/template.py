@@ -1,4 +1,4 @@
-"""Chat templates from GGUF metadata, rendered in a sandboxed jinja2 environment.
+"""Chat templates from the model file, rendered in a sandboxed jinja2 environment.
 
 The template comes from the model file, which may come from anywhere: the sandbox keeps it
 from reaching Python internals. Models without a template get ChatML, and say so.
@@ -37,13 +37,18 @@ class ChatTemplate:
         self._bos = bos_token
         self._eos = eos_token
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt, with `tools` given to the template as transformers' apply_chat_template does
+        (a list of OpenAI-shaped {"type": "function", "function": {...}} objects, or unset)."""
+        extra: dict[str, Any] = {"tools": tools} if tools else {}
         try:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos,
                 eos_token=self._eos,
+                **extra,
             )
         except TemplateError as e:
             raise BadRequest(f"the model's chat template refused these messages: {e}", "messages") from None
@@ -60,7 +65,8 @@ class ChatTemplate:
         i, j = text.find(a), text.find(b)
         return text[i + len(a):j] if 0 <= i and i + len(a) < j else ""
 
-    def render_pieces(self, messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    def render_pieces(self, messages: list[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None = None) -> list[tuple[str, bool]]:
         """The rendered prompt as (text, is_message_content) pieces, so the engine can tokenize what
         users wrote without special-token parsing: a message saying "<|im_end|>" stays text and
         cannot forge a turn. Each content is swapped for a sentinel while rendering; a template
@@ -68,7 +74,7 @@ class ChatTemplate:
         contents = [m.get("content") if isinstance(m.get("content"), str) else None for m in messages]
         marked = [{**m, "content": f"\ue000{i}\ue001"} if c else m for i, (m, c) in enumerate(zip(messages, contents,
                                                                                               strict=True))]
-        text = self.render(marked)
+        text = self.render(marked, tools=tools)
         pieces: list[tuple[str, bool]] = []
         cursor = 0
         for i, c in enumerate(contents):
@@ -77,12 +83,12 @@ class ChatTemplate:
             mark = f"\ue000{i}\ue001"
             at = text.find(mark, cursor)
             if at < 0 or text.count(mark) != 1:
-                return _find_in_order(self.render(messages), [c for c in contents if c])
+                return _find_in_order(self.render(messages, tools=tools), [c for c in contents if c])
             pieces.append((text[cursor:at], False))
             pieces.append((c, True))
             cursor = at + len(mark)
         pieces.append((text[cursor:], False))
-        plain = self.render(messages)
+        plain = self.render(messages, tools=tools)
         if "".join(p for p, _ in pieces) != plain:  # the template transforms contents (upper, trim...)
             return _find_in_order(plain, [c for c in contents if c])
         return [p for p in pieces if p[0]]
