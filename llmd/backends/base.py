@@ -52,6 +52,23 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class EmbedRequest:
+    """Embed each input (text, or token ids as OpenAI allows) with the model's pooling."""
+
+    id: str
+    inputs: tuple[str | tuple[int, ...], ...] = field(repr=False)
+    truncate: bool = False  # cut inputs longer than the context (else the request is refused)
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    id: str
+    vectors: tuple[bytes, ...]  # float32, unit length, one per input
+    tokens: tuple[int, ...]  # tokens read per input
+    dim: int
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     id: str
     text: str
@@ -88,7 +105,7 @@ class ErrorEvent:
     error: tuple[str, str, str | None]  # errors.LlmdError.to_wire()
 
 
-Event = TokenEvent | FinalEvent | ErrorEvent
+Event = TokenEvent | FinalEvent | ErrorEvent | EmbedResult
 
 
 # daemon -> worker commands
@@ -152,6 +169,8 @@ class Engine(Protocol):
     precisions: tuple[str, ...]
 
     def submit(self, request: GenerationRequest) -> None: ...
+
+    def embed(self, request: EmbedRequest) -> EmbedResult: ...
 
     def cancel(self, request_id: str) -> None: ...
 

@@ -2,7 +2,7 @@
 
 Each loaded model runs in its own process (multiprocessing, spawn) so that a crash in the
 engine (a bad GGUF, a CUDA error, kill -9) takes down only that worker. The daemon talks to
-it over one Pipe: commands go down (GenerationRequest, Cancel, StatsRequest, Shutdown); a list
+it over one Pipe: commands go down (GenerationRequest, EmbedRequest, Cancel, StatsRequest, Shutdown); a list
 of events per engine step comes back. A reader thread in the daemon hands events to the
 asyncio queue of their request; at EOF every request still open gets an EngineCrashed error.
 """
@@ -19,6 +19,7 @@ from typing import Any
 
 from llmd.backends.base import (
     Cancel,
+    EmbedRequest,
     EngineConfig,
     ErrorEvent,
     Event,
@@ -91,6 +92,12 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
                         # instead of waiting for a whole prefill each. A lone request never waits.
                         hold_until = hold_until or time.monotonic() + COALESCE_S
                         timeout = max(0.0, hold_until - time.monotonic())
+                elif isinstance(msg, EmbedRequest):
+                    # between steps: a batch of embeddings pauses generation for its one decode each
+                    try:
+                        conn.send([engine.embed(msg)])
+                    except LlmdError as e:
+                        conn.send([ErrorEvent(msg.id, e.to_wire())])
                 elif isinstance(msg, Cancel):
                     engine.cancel(msg.id)
                 elif isinstance(msg, StatsRequest):
@@ -156,7 +163,7 @@ class WorkerHandle:
     async def wait_loaded(self) -> dict[str, Any]:
         return await asyncio.shield(self._loaded)
 
-    def submit(self, req: GenerationRequest) -> asyncio.Queue[Event]:
+    def submit(self, req: GenerationRequest | EmbedRequest) -> asyncio.Queue[Event]:
         queue: asyncio.Queue[Event] = asyncio.Queue()
         with self._lock:
             if not self.alive:

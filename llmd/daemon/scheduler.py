@@ -16,7 +16,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
-from llmd.backends.base import EngineConfig, ErrorEvent, Event, FinalEvent, GenerationRequest
+from llmd.backends.base import (
+    EmbedRequest,
+    EmbedResult,
+    EngineConfig,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    GenerationRequest,
+)
 from llmd.backends.repack import Decision, RepackRecord
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
@@ -351,10 +359,11 @@ class Scheduler:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    async def generate(self, model: str | None, req: GenerationRequest,
+    async def generate(self, model: str | None, req: GenerationRequest | EmbedRequest,
                        timing: dict[str, float] | None = None) -> AsyncIterator[Event]:
-        """Events of one request, ending with a FinalEvent; an ErrorEvent is raised as its LlmdError.
-        Closing the iterator early (client gone) cancels the request in the engine."""
+        """Events of one request, ending with a FinalEvent (an EmbedResult for embeddings); an
+        ErrorEvent is raised as its LlmdError. Closing the iterator early (client gone) cancels
+        the request in the engine."""
         if self.in_flight >= self.capacity:
             raise Overloaded(
                 f"{self.in_flight} requests are running or queued (limit {self.capacity}: "
@@ -372,7 +381,7 @@ class Scheduler:
             if timing is not None and "submitted" not in timing:  # counted in `preparing` by the route
                 timing["submitted"] = 1
                 self.preparing -= 1
-                if self.preparing > 0:
+                if self.preparing > 0 and isinstance(req, GenerationRequest):
                     req = replace(req, more_coming=True)
             queue = worker.submit(req)
             finished = False
@@ -383,7 +392,7 @@ class Scheduler:
                         finished = True
                         raise from_wire(ev.error)
                     yield ev
-                    if isinstance(ev, FinalEvent):
+                    if isinstance(ev, FinalEvent | EmbedResult):
                         finished = True
                         return
             finally:
@@ -401,6 +410,16 @@ class Scheduler:
             self._retire_idle()
 
     # ---- status and shutdown ------------------------------------------------------------------
+
+    async def embed(self, model: str, req: EmbedRequest) -> EmbedResult:
+        events = self.generate(model, req)
+        try:
+            async for ev in events:
+                if isinstance(ev, EmbedResult):
+                    return ev
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+        raise EngineCrashed(f"the worker for {model} answered no embedding; retry the request")
 
     async def status(self) -> dict[str, Any]:
         loaded = []

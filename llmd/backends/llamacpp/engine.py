@@ -30,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from llmd.backends.base import (
+    EmbedRequest,
+    EmbedResult,
     EngineConfig,
     ErrorEvent,
     Event,
@@ -50,6 +52,7 @@ from llmd.backends.llamacpp.context import (
     warm_up,
 )
 from llmd.backends.llamacpp.draft_model import DraftModel
+from llmd.backends.llamacpp.embeddings import Embedder
 from llmd.backends.llamacpp.prefix_cache import PrefixCache
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for, grammar_for_tools
 from llmd.backends.llamacpp.slots import Active, Slot
@@ -140,6 +143,7 @@ class LlamaCppEngine:
                                    cfg.chunk, cfg.exact, cfg.prefix_min_tokens) if cfg.model_digest else None)
         self._warm_up()
         self.spec = Speculator(*self._load_draft())
+        self.embedder: Embedder | None = None
         self.load_s = time.perf_counter() - t0
         self.rss_load = _rss() - rss0
 
@@ -175,6 +179,12 @@ class LlamaCppEngine:
 
     def submit(self, req: GenerationRequest) -> None:
         self.waiting.append((req, time.perf_counter()))
+
+    def embed(self, req: EmbedRequest) -> EmbedResult:
+        if self.embedder is None:  # its own context, made at the first embedding request
+            n_ctx = min(self.cfg.n_ctx, int(self._L.llama_model_n_ctx_train(self.model)) or self.cfg.n_ctx)
+            self.embedder = Embedder(self.model, self.vocab, n_ctx, self.threads)
+        return self.embedder.embed(req)
 
     def cancel(self, request_id: str) -> None:
         for i, (req, _) in enumerate(self.waiting):
@@ -237,6 +247,8 @@ class LlamaCppEngine:
                 slot.active.sampler.close()
         if self.spec.draft is not None:
             self.spec.draft.close()
+        if self.embedder is not None:
+            self.embedder.close()
         L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from llmd.backends.base import (
+    EmbedRequest,
+    EmbedResult,
     EngineConfig,
     ErrorEvent,
     Event,
@@ -38,7 +40,7 @@ from llmd.backends.base import (
     TokenEvent,
     Usage,
 )
-from llmd.errors import EngineError, LlmdError
+from llmd.errors import BadRequest, EngineError, LlmdError
 
 KV_GPU_FRACTION = 0.6  # TensorRT-LLM's default 0.9 takes most free VRAM; a desktop needs some back
 HOST_CACHE_BYTES = 2 * 1024**3
@@ -225,6 +227,10 @@ class TensorRTEngine:
             self._events.put(ErrorEvent(req.id, e.to_wire()))
         except Exception as e:
             self._events.put(ErrorEvent(req.id, EngineError(f"TensorRT-LLM failed: {e}").to_wire()))
+
+    def embed(self, req: EmbedRequest) -> EmbedResult:
+        raise BadRequest(f"{self.cfg.model_name} runs on TensorRT-LLM, which llmd does not embed with yet; "
+                         "use a GGUF model for embeddings", "model")
 
     def cancel(self, request_id: str) -> None:
         task = self._active.get(request_id)

@@ -1,0 +1,87 @@
+"""Embeddings from the loaded model: a second llama.cpp context with embeddings on.
+
+Created at the first embedding request, beside the generation context (same weights, its own
+small KV). The pooling is the one the GGUF declares; a causal model that declares none gets mean
+pooling over its last hidden states. Vectors are normalized to unit length, as OpenAI's and
+Ollama's are, and travel as float32 bytes.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+from typing import Any
+
+from llmd.backends.base import EmbedRequest, EmbedResult
+from llmd.backends.llamacpp.batch import put
+from llmd.backends.llamacpp.context import physical_cores, tokenize
+from llmd.errors import ContextOverflow, EngineError
+
+
+class Embedder:
+    def __init__(self, model: Any, vocab: Any, n_ctx: int, threads: int) -> None:
+        import llama_cpp as L
+
+        self._L = L
+        self.vocab = vocab
+        self.n_ctx = n_ctx
+        self.dim = int(L.llama_model_n_embd(model))
+        self.add_bos = bool(L.llama_vocab_get_add_bos(vocab))
+        cp = L.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx  # a pooled input must fit one micro-batch
+        cp.n_seq_max = 1
+        cp.embeddings = True
+        # pooling UNSPECIFIED (the default): the model's own, if it declares one
+        cp.n_threads = cp.n_threads_batch = threads or physical_cores()
+        cp.no_perf = True
+        ctx = L.llama_init_from_model(model, cp)
+        if ctx and L.llama_pooling_type(ctx) == L.LLAMA_POOLING_TYPE_NONE:
+            L.llama_free(ctx)
+            cp.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
+            ctx = L.llama_init_from_model(model, cp)
+        if not ctx:
+            raise EngineError(f"llama.cpp could not create an embedding context of {n_ctx} tokens; "
+                              "try a smaller LLMD_CTX")
+        self.ctx = ctx
+        self.pooling = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls",
+                        L.LLAMA_POOLING_TYPE_LAST: "last"}.get(L.llama_pooling_type(ctx), "other")
+        self.mem = L.llama_get_memory(ctx)
+        self.batch = L.llama_batch_init(n_ctx, 0, 1)
+
+    def tokens(self, item: str | tuple[int, ...], index: int, truncate: bool) -> list[int]:
+        toks = list(item) if isinstance(item, tuple) else tokenize(self.vocab, item, self.add_bos, False)
+        if not toks:
+            raise ContextOverflow(f"input[{index}] is empty; embed at least one token of text", "input")
+        if len(toks) > self.n_ctx:
+            if not truncate:
+                raise ContextOverflow(f"input[{index}] is {len(toks)} tokens but the context holds {self.n_ctx}: "
+                                      "shorten it, or ask for truncation (truncate: true)", "input")
+            toks = toks[: self.n_ctx]
+        return toks
+
+    def embed(self, req: EmbedRequest) -> EmbedResult:
+        L = self._L
+        token_lists = [self.tokens(item, i, req.truncate) for i, item in enumerate(req.inputs)]
+        vectors, counts = [], []
+        for toks in token_lists:
+            L.llama_memory_clear(self.mem, True)
+            for i, t in enumerate(toks):
+                put(self.batch, i, t, i, 0, True)
+            self.batch.n_tokens = len(toks)
+            if L.llama_decode(self.ctx, self.batch) != 0:
+                raise EngineError(f"llama.cpp could not embed an input of {len(toks)} tokens")
+            ptr = L.llama_get_embeddings_seq(self.ctx, 0)
+            if not ptr:
+                raise EngineError("llama.cpp returned no pooled embedding for this model")
+            values = [float(ptr[j]) for j in range(self.dim)]
+            norm = math.sqrt(sum(v * v for v in values)) or 1.0
+            vectors.append(array.array("f", (v / norm for v in values)).tobytes())
+            counts.append(len(toks))
+        L.llama_memory_clear(self.mem, True)
+        return EmbedResult(req.id, tuple(vectors), tuple(counts), self.dim)
+
+    def close(self) -> None:
+        if self.ctx:
+            self._L.llama_batch_free(self.batch)
+            self._L.llama_free(self.ctx)
+            self.ctx = None
