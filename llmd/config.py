@@ -93,6 +93,10 @@ class Paths:
         return self.data / "registry.db"
 
     @property
+    def stored_responses_db(self) -> Path:
+        return self.data / "responses_api.db"
+
+    @property
     def models_dir(self) -> Path:
         return self.data / "models"
 

@@ -8,6 +8,7 @@
     ├── Forbidden             403: Host or Origin not allowed (DNS rebinding guard)
     ├── ModelNotFound         404: no registered model by that name
     ├── RouteNotFound         404: no such route (answered in the caller's API shape)
+    ├── NotFound              404: a stored response asked for by id is not there
     ├── PayloadTooLarge       413: request body over the bound
     ├── Overloaded            503: queue full; .retry_after seconds
     ├── ModelUnavailable      503: the model's worker kept crashing; not started until asked for
@@ -69,6 +70,14 @@ class ModelNotFound(LlmdError):
 
 
 class RouteNotFound(LlmdError):
+    status = 404
+    code = "not_found"
+    type = "invalid_request_error"
+
+
+class NotFound(LlmdError):
+    """A stored thing asked for by id (a stored response) is not there."""
+
     status = 404
     code = "not_found"
     type = "invalid_request_error"

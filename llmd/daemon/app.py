@@ -19,9 +19,10 @@ from llmd.backends.select import probe
 from llmd.config import Settings
 from llmd.daemon.metrics import Metrics
 from llmd.daemon.response_cache import ResponseCache
-from llmd.daemon.routes import control, embeddings, ollama, openai
+from llmd.daemon.routes import control, embeddings, ollama, openai, responses
 from llmd.daemon.scheduler import Scheduler
 from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_token
+from llmd.daemon.stored_responses import StoredResponses
 from llmd.errors import LlmdError, Overloaded
 from llmd.models.registry import Registry
 
@@ -60,6 +61,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
             ResponseCache(settings.paths.responses_db, settings.response_cache_ttl,
                           settings.response_cache_mb * 1024 * 1024)
             if settings.response_cache else None)
+        app.state.stored_responses = StoredResponses(settings.paths.stored_responses_db)
         sched = scheduler or Scheduler(settings, registry)
         app.state.settings = settings
         app.state.registry = registry
@@ -85,7 +87,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
                 preload.cancel()
             await sched.close()
 
-    routes = [*openai.routes, *ollama.routes, *embeddings.routes, *control.routes]
+    routes = [*openai.routes, *ollama.routes, *embeddings.routes, *responses.routes, *control.routes]
     return Starlette(
         routes=routes,
         middleware=[Middleware(SecurityMiddleware, settings=settings)],
