@@ -19,7 +19,7 @@ from llmd.backends.select import probe
 from llmd.config import Settings
 from llmd.daemon.metrics import Metrics
 from llmd.daemon.response_cache import ResponseCache
-from llmd.daemon.routes import control, embeddings, ollama, openai, responses
+from llmd.daemon.routes import anthropic, control, embeddings, ollama, openai, responses
 from llmd.daemon.scheduler import Scheduler
 from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_token
 from llmd.daemon.stored_responses import StoredResponses
@@ -87,7 +87,8 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
                 preload.cancel()
             await sched.close()
 
-    routes = [*openai.routes, *ollama.routes, *embeddings.routes, *responses.routes, *control.routes]
+    routes = [*openai.routes, *ollama.routes, *embeddings.routes, *responses.routes, *anthropic.routes,
+              *control.routes]
     return Starlette(
         routes=routes,
         middleware=[Middleware(SecurityMiddleware, settings=settings)],

@@ -49,9 +49,14 @@ def origin_allowed(origin: str, settings: Settings) -> bool:
 
 
 def error_body(path: str, err: LlmdError) -> dict[str, Any]:
-    """Each API's error shape: Ollama's {"error": "..."} under /api, OpenAI's elsewhere."""
+    """Each API's error shape: Ollama's {"error": "..."} under /api, Anthropic's under /v1/messages,
+    OpenAI's elsewhere."""
     if path.startswith("/api/"):
         return {"error": err.message}
+    if path.startswith("/v1/messages"):
+        kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                503: "overloaded_error"}.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": err.message}}
     return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
 
 

@@ -41,28 +41,42 @@ def check_schema_bounds(schema: Any, path: str = "schema", depth: int = 0) -> No
             check_schema_bounds(item, f"{path}[{i}]", depth + 1)
 
 
+# llama-cpp-python's schema converter lets a JSON string hold raw control characters (a newline),
+# which makes the output invalid JSON; JSON forbids them, as llama.cpp's own converter does
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+
+
+def schema_grammar(schema: Any, field: str = "response_format") -> str:
+    """GBNF for a JSON schema, with JSON's own string rules."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter raises bare Exceptions on unsupported schemas
+        raise GrammarError(f"cannot turn this JSON schema into a grammar: {e}", field) from None
+    return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+
+
 def grammar_for(response_format: dict[str, Any] | None) -> str | None:
     """GBNF for an OpenAI-style response_format ({"type": "json_object" | "json_schema" | "text"})."""
     if not response_format or response_format.get("type", "text") == "text":
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+    from llama_cpp.llama_grammar import JSON_GBNF
 
     kind = response_format.get("type")
     if kind == "json_object":
         schema = response_format.get("schema")
         if schema:
             check_schema_bounds(schema)
-        return json_schema_to_gbnf(json.dumps(schema)) if schema else JSON_GBNF
+        return schema_grammar(schema) if schema else JSON_GBNF
     if kind == "json_schema":
         spec = response_format.get("json_schema") or {}
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise GrammarError("response_format.json_schema.schema must be a JSON schema object", "response_format")
         check_schema_bounds(schema)
-        try:
-            return json_schema_to_gbnf(json.dumps(schema))
-        except Exception as e:  # the converter raises bare Exceptions on unsupported schemas
-            raise GrammarError(f"cannot turn this JSON schema into a grammar: {e}", "response_format") from None
+        return schema_grammar(schema)
     raise GrammarError(
         f"response_format.type {kind!r} is not supported; use text, json_object or json_schema", "response_format"
     )
@@ -75,13 +89,8 @@ def _literal(text: str) -> str:
 def grammar_for_tools(c: ToolConstraint) -> str:
     """GBNF for a tool constraint: prefix, a JSON value matching the schema, suffix (repeated for
     parallel calls). The schema comes from the request's tools, so it is bounded like any other."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     check_schema_bounds(c.schema, "tools")
-    try:
-        body = json_schema_to_gbnf(json.dumps(c.schema))
-    except Exception as e:
-        raise GrammarError(f"cannot turn the tools' parameter schemas into a grammar: {e}", "tools") from None
+    body = schema_grammar(c.schema, "tools")
     body = re.sub(r"^root ::=", "llmd-call ::=", body, flags=re.M)
     block = " ".join(p for p in (_literal(c.prefix) if c.prefix else "", "llmd-call",
                                  _literal(c.suffix) if c.suffix else "") if p)

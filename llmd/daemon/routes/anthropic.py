@@ -1,0 +1,270 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+The same GenerationRequest as the other APIs: text blocks become message contents, `tool_use`
+and `tool_result` blocks become tool calls and tool results, `system` the system message, and
+the reply is parsed by the model's chat format into text, thinking and tool_use blocks.
+Streaming sends Anthropic's events (message_start, content_block_*, message_delta, message_stop).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
+from llmd.chat.parse import Delta, ReplyParser
+from llmd.chat.tools import check_choice
+from llmd.daemon.routes._common import Run, chat_format, normalize_tools, parse_body, start_run
+from llmd.daemon.security import error_body
+from llmd.errors import BadRequest, LlmdError
+
+
+class _ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["auto", "any", "tool", "none"] = "auto"
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class MessagesBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: _ToolChoice | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float = Field(default=1.0, ge=0.0, le=1.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None  # accepted and ignored (user_id)
+    thinking: dict[str, Any] | None = None  # reasoning is split out when the template writes it
+    output_config: dict[str, Any] | None = None  # format: {"type": "json_schema", "schema": ...}
+
+
+class CountBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+def _blocks_text(blocks: Any, where: str) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    out = []
+    for i, b in enumerate(blocks or []):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+            kind = b.get("type") if isinstance(b, dict) else type(b).__name__
+            raise BadRequest(f"{where}[{i}] is a {kind!r} block here; llmd takes text blocks", where)
+        out.append(b["text"])
+    return "".join(out)
+
+
+def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Anthropic messages (and system) as chat messages."""
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": _blocks_text(system, "system")})
+    names: dict[str, str] = {}
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            raise BadRequest(f"messages[{i}].role is {role!r}; use user or assistant (system goes in 'system')",
+                             f"messages[{i}].role")
+        content = m.get("content", "")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of blocks", f"messages[{i}].content")
+        text, calls = [], []
+        for j, b in enumerate(blocks):
+            kind = b.get("type") if isinstance(b, dict) else None
+            where = f"messages[{i}].content[{j}]"
+            if kind == "text":
+                text.append(str(b.get("text", "")))
+            elif kind == "tool_use" and role == "assistant":
+                names[b.get("id", "")] = b.get("name", "")
+                calls.append({"id": b.get("id", ""), "type": "function",
+                              "function": {"name": b.get("name", ""),
+                                           "arguments": json.dumps(b.get("input") or {}, ensure_ascii=False)}})
+            elif kind == "tool_result" and role == "user":
+                result = _blocks_text(b.get("content", ""), f"{where}.content")
+                if b.get("is_error"):
+                    result = "Error: " + result
+                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
+                            "name": names.get(b.get("tool_use_id", ""), ""), "content": result})
+            elif kind in ("thinking", "redacted_thinking"):
+                continue  # earlier reasoning is not shown to the model again, as chat templates drop it
+            else:
+                raise BadRequest(f"{where} is a {kind!r} block; llmd takes text, tool_use (assistant), "
+                                 "tool_result (user) and thinking blocks", where)
+        if text or calls or not any(b.get("type") == "tool_result" for b in blocks if isinstance(b, dict)):
+            msg: dict[str, Any] = {"role": role, "content": "".join(text)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def _tools(tools: list[dict[str, Any]] | None, choice: _ToolChoice | None) -> dict[str, Any]:
+    openai_shaped = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description"),
+                                                       "parameters": t.get("input_schema")}}
+                     if isinstance(t, dict) and t.get("type", "custom") == "custom" else
+                     {"type": t.get("type") if isinstance(t, dict) else "?", "function": None}
+                     for t in tools or []]
+    normalized = normalize_tools(openai_shaped)
+    c = choice or _ToolChoice()
+    name = {"auto": "auto", "any": "required", "none": "none"}.get(c.type) or c.name or ""
+    if c.type == "tool" and not c.name:
+        raise BadRequest("tool_choice of type tool needs a name", "tool_choice.name")
+    check_choice(normalized, name)
+    return {"tools": normalized, "tool_choice": name, "parallel_tool_calls": not c.disable_parallel_tool_use}
+
+
+def _output_format(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    fmt = (config or {}).get("format")
+    if not fmt:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise BadRequest('output_config.format must be {"type": "json_schema", "schema": {...}}', "output_config.format")
+    return {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
+
+
+def _usage(u: Usage | None) -> dict[str, Any]:
+    if u is None:
+        return {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
+
+
+def _stop_reason(finish: str, calls: bool) -> str:
+    return "max_tokens" if finish == "length" else "tool_use" if calls else "end_turn"
+
+
+def _sse(kind: str, data: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **data}, ensure_ascii=False,
+                                                          separators=(",", ":")).encode() + b"\n\n"
+
+
+class _Blocks:
+    """Content blocks in order, from parser deltas; the stream events that open, fill and close them."""
+
+    def __init__(self) -> None:
+        self.blocks: list[dict[str, Any]] = []
+        self.open: str | None = None
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [_sse("content_block_stop", {"index": len(self.blocks) - 1})]
+
+    def _text(self, kind: str, text: str) -> list[bytes]:
+        evs = []
+        key = "thinking" if kind == "thinking" else "text"
+        if self.open != kind:
+            evs += self._close()
+            block = {"type": kind, key: ""} if kind == "text" else {"type": kind, key: "", "signature": ""}
+            self.blocks.append(block)
+            self.open = kind
+            evs.append(_sse("content_block_start", {"index": len(self.blocks) - 1, "content_block": dict(block)}))
+        self.blocks[-1][key] += text
+        evs.append(_sse("content_block_delta", {"index": len(self.blocks) - 1,
+                                                "delta": {"type": f"{key}_delta", key: text}}))
+        return evs
+
+    def add(self, d: Delta) -> list[bytes]:
+        evs = []
+        if d.reasoning:
+            evs += self._text("thinking", d.reasoning)
+        if d.content:
+            evs += self._text("text", d.content)
+        for c in d.tool_calls:
+            evs += self._close()
+            block = {"type": "tool_use", "id": "toolu_" + c.id.removeprefix("call_"), "name": c.name,
+                     "input": c.arguments_object}
+            self.blocks.append(block)
+            i = len(self.blocks) - 1
+            evs += [_sse("content_block_start", {"index": i, "content_block": {**block, "input": {}}}),
+                    _sse("content_block_delta", {"index": i, "delta": {"type": "input_json_delta",
+                                                                       "partial_json": c.arguments}}),
+                    _sse("content_block_stop", {"index": i})]
+        return evs
+
+
+async def messages(request: Request) -> Response:
+    body = await parse_body(request, MessagesBody)
+    tools = _tools(body.tools, body.tool_choice)
+    fmt = _output_format(body.output_config)
+    if fmt and tools["tools"] and tools["tool_choice"] != "none":
+        raise BadRequest("send either tools or output_config.format: a reply cannot be held to both",
+                         "output_config.format")
+    req = GenerationRequest(
+        id=uuid.uuid4().hex, messages=chat_messages(body.system, body.messages), max_tokens=body.max_tokens,
+        sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
+        stop=tuple(body.stop_sequences or ()), response_format=fmt, **tools)
+    run = await start_run(request, body.model, req, "anthropic")
+    mid = "msg_" + req.id
+    parser = ReplyParser(await chat_format(request, run.model), bool(tools["tools"]) and tools["tool_choice"] != "none")
+    blocks = _Blocks()
+
+    def message(final_usage: Usage | None, stop: str | None) -> dict[str, Any]:
+        return {"id": mid, "type": "message", "role": "assistant", "model": run.model, "content": blocks.blocks,
+                "stop_reason": stop, "stop_sequence": None, "usage": _usage(final_usage)}
+
+    if not body.stream:
+        text, final = await run.collect(request)
+        blocks.add(parser.feed(text))
+        blocks.add(parser.finish())
+        calls = any(b["type"] == "tool_use" for b in blocks.blocks)
+        return JSONResponse(message(final.usage, _stop_reason(final.finish_reason, calls)), headers=run.headers)
+
+    async def events() -> AsyncIterator[bytes]:
+        yield _sse("message_start", {"message": {**message(None, None), "content": []}})
+        yield _sse("ping", {})
+        try:
+            async for ev in run:
+                if isinstance(ev, TokenEvent):
+                    for e in blocks.add(parser.feed(ev.text)):
+                        yield e
+        except LlmdError as err:
+            yield _sse("error", {"error": error_body("/v1/messages", err)["error"]})
+            return
+        for e in blocks.add(parser.finish()) + blocks._close():
+            yield e
+        assert run.final is not None
+        calls = any(b["type"] == "tool_use" for b in blocks.blocks)
+        yield _sse("message_delta", {"delta": {"stop_reason": _stop_reason(run.final.finish_reason, calls),
+                                               "stop_sequence": None}, "usage": _usage(run.final.usage)})
+        yield _sse("message_stop", {})
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **run.headers})
+
+
+async def count_tokens(request: Request) -> Response:
+    """The prompt's tokens, counted by the model's own tokenizer on its rendered template. Counting
+    prefills the prompt (max_tokens 0), so the request that follows finds it cached."""
+    body = await parse_body(request, CountBody)
+    tools = _tools(body.tools, None)
+    req = GenerationRequest(id=uuid.uuid4().hex, messages=chat_messages(body.system, body.messages), max_tokens=0,
+                            sampling=Sampling(temperature=0.0), **tools)
+    run: Run = await start_run(request, body.model, req, "anthropic")
+    _, final = await run.collect(request)
+    return JSONResponse({"input_tokens": final.usage.prompt_tokens})
+
+
+routes = [
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+]
