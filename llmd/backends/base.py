@@ -49,6 +49,7 @@ class GenerationRequest:
     tools: list[dict[str, Any]] | None = field(default=None, repr=False)
     tool_choice: str = "auto"  # "auto" | "none" | "required" | a tool's name
     parallel_tool_calls: bool = True
+    top_logprobs: int | None = None  # None: no logprobs; n: each token's logprob and the n most likely
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,16 @@ class EmbedResult:
     dim: int
 
 
+# one sampled token: (its text, its logprob, [(text, logprob) of the most likely tokens])
+TokenLogprob = tuple[str, float, tuple[tuple[str, float], ...]]
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     id: str
     text: str
     n_tokens: int  # tokens this piece of text came from (0 when held back text is released)
+    logprobs: tuple[TokenLogprob, ...] = ()  # when asked for: the tokens sampled since the last event
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,9 @@ class Cached:
 
 def cacheable(req: GenerationRequest) -> bool:
     # max_tokens 0 warms the engine's prefix cache: replaying it from here would warm nothing
-    return (req.sampling.greedy or req.sampling.seed is not None) and req.max_tokens != 0
+    # logprobs are not stored with the text: such a reply is computed each time
+    return ((req.sampling.greedy or req.sampling.seed is not None) and req.max_tokens != 0
+            and req.top_logprobs is None)
 
 
 def cache_key(req: GenerationRequest, model: dict[str, Any], engine: str) -> str:

@@ -78,6 +78,13 @@ class SecurityMiddleware:
         if origin is not None and not origin_allowed(origin, self.settings):
             return await _reject(scope, send, Forbidden(
                 f"browser requests from origin {origin!r} are not allowed; add it to LLMD_ALLOWED_ORIGINS to allow it"))
+        if origin is not None:
+            cors = _cors_headers(origin, headers)
+            if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+                await send({"type": "http.response.start", "status": 204, "headers": cors})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            send = _with_headers(send, cors[:3])
         limit = self.settings.max_body
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -95,6 +102,23 @@ class SecurityMiddleware:
             return message
 
         await self.app(scope, bounded_receive, send)
+
+
+def _cors_headers(origin: str, headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """CORS for an allowed origin (the caller checked it): that origin only, never '*'."""
+    asked = headers.get("access-control-request-headers", "authorization, content-type")
+    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+            (b"access-control-expose-headers", b"X-LLMD-Cache, X-Request-Id, Retry-After"),
+            (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+            (b"access-control-allow-headers", asked.encode("latin-1")), (b"access-control-max-age", b"600")]
+
+
+def _with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+    return sending
 
 
 async def _reject(scope: Any, send: Any, err: LlmdError) -> None:

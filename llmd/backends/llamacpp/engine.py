@@ -54,7 +54,7 @@ from llmd.backends.llamacpp.context import (
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
 from llmd.backends.llamacpp.prefix_cache import PrefixCache
-from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for, grammar_for_tools
+from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for, grammar_for_tools, token_logprobs
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
 from llmd.backends.llamacpp.text import TextStream
@@ -465,6 +465,9 @@ class LlamaCppEngine:
         assert a is not None
         with self.profiler.span("sample"):
             token = a.sampler.sample(self.ctx, row)
+        if a.req.top_logprobs is not None:
+            a.logprobs.append(token_logprobs(self.ctx, row, token, self.n_vocab, a.req.top_logprobs,
+                                             lambda t: self._piece(t).decode("utf-8", "replace")))
         now = time.perf_counter()
         if a.n_gen == 0:
             a.t_first = now
@@ -478,7 +481,8 @@ class LlamaCppEngine:
             # with tools, marker tokens (<tool_call>, [TOOL_CALLS]...) are text the reply parser reads
             text, stopped = a.text.push(self._piece(token, special=bool(a.req.tools)))
         if text:
-            events.append(TokenEvent(a.req.id, text, 1))
+            events.append(TokenEvent(a.req.id, text, 1, tuple(a.logprobs)))
+            a.logprobs.clear()
         if stopped:
             self._finish(slot, "stop", events, flush=False)
             return False
@@ -493,8 +497,8 @@ class LlamaCppEngine:
         assert a is not None
         if flush:
             rest = a.text.flush()
-            if rest:
-                events.append(TokenEvent(a.req.id, rest, 0))
+            if rest or a.logprobs:
+                events.append(TokenEvent(a.req.id, rest, 0, tuple(a.logprobs)))
         t_end = a.t_last or time.perf_counter()
         usage = Usage(
             prompt_tokens=len(a.prompt),

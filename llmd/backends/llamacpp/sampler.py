@@ -138,3 +138,21 @@ class SamplerChain:
         if self.chain:
             self._L.llama_sampler_free(self.chain)
             self.chain = None
+
+
+def token_logprobs(ctx: Any, row: int, token: int, n_vocab: int, top: int,
+                   text_of: Any) -> tuple[str, float, tuple[tuple[str, float], ...]]:
+    """The model's log-probability of `token` at output row `row` (from the raw logits, before
+    temperature and penalties, as OpenAI reports them) and the `top` most likely tokens."""
+    import llama_cpp as L
+    import numpy as np
+
+    logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).astype(np.float64)
+    peak = logits.max()
+    logz = peak + np.log(np.exp(logits - peak).sum())
+    best: tuple[tuple[str, float], ...] = ()
+    if top > 0:
+        idx = np.argpartition(-logits, top)[:top]
+        idx = idx[np.argsort(-logits[idx])]
+        best = tuple((text_of(int(i)), float(logits[i] - logz)) for i in idx)
+    return text_of(token), float(logits[token] - logz), best

@@ -47,6 +47,7 @@ class Active:
     steps_without_draft: int = 0
     drafted: int = 0
     accepted: int = 0
+    logprobs: list[Any] = field(default_factory=list)  # sampled since the last event, when asked for
 
     @property
     def prefilling(self) -> bool:

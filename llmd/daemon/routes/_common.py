@@ -96,6 +96,7 @@ class Run:
     metrics: Any = None
     t_first: float | None = None
     gaps: list[float] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)  # TokenLogprob per sampled token, when asked for
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iter()
@@ -114,6 +115,7 @@ class Run:
                         self.gaps.append(now - last)
                     last = now
                     self.text.append(ev.text)
+                    self.logprobs.extend(ev.logprobs)
                 elif isinstance(ev, FinalEvent):
                     self.final = ev
                 yield ev

@@ -31,6 +31,7 @@ from llmd.daemon.routes._common import (
     parse_body,
     start_run,
 )
+from llmd.daemon.routes.openai import chat_logprobs
 from llmd.errors import BadRequest, LlmdError
 
 log = logging.getLogger("llmd.requests")
@@ -82,6 +83,8 @@ class _Base(BaseModel):
     format: Literal["json", ""] | dict[str, Any] | None = None  # "": unset, as Ollama treats it
     options: _Options | None = None
     keep_alive: float | int | str | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 class ChatBody(_Base):
@@ -125,8 +128,11 @@ def _generation(body: _Base, **what: Any) -> GenerationRequest:
     elif isinstance(body.format, dict):
         fmt = {"type": "json_schema", "json_schema": {"schema": body.format}}
     num_predict = o.num_predict if o.num_predict is not None and o.num_predict > 0 else None
+    if body.top_logprobs and not body.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     return GenerationRequest(
         id=uuid.uuid4().hex,
+        top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         max_tokens=num_predict,
         sampling=Sampling(
             temperature=0.8 if o.temperature is None else o.temperature,
@@ -194,24 +200,27 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
                 head["thinking"] = reasoning
         return head
 
+    def logprobs(entries: Any) -> dict[str, Any]:
+        return {"logprobs": chat_logprobs(list(entries))["content"]} if run.req.top_logprobs is not None else {}
+
     if not stream:
         text, _ = await run.collect(run.request)
         if parser is None:
-            return JSONResponse({**piece(text), **_final_fields(run)}, headers=run.headers)
+            return JSONResponse({**piece(text), **_final_fields(run), **logprobs(run.logprobs)}, headers=run.headers)
         reply = parser.parse(text)
-        return JSONResponse({**piece(reply.content, reply.reasoning, reply.tool_calls), **_final_fields(run)},
-                            headers=run.headers)
+        return JSONResponse({**piece(reply.content, reply.reasoning, reply.tool_calls), **_final_fields(run),
+                             **logprobs(run.logprobs)}, headers=run.headers)
 
     async def lines() -> AsyncIterator[bytes]:
         try:
             async for ev in run:
                 if isinstance(ev, TokenEvent):
                     if parser is None:
-                        yield _ndjson({**piece(ev.text), "done": False})
+                        yield _ndjson({**piece(ev.text), "done": False, **logprobs(ev.logprobs)})
                         continue
                     d = parser.feed(ev.text)
-                    if d.content or d.reasoning:
-                        yield _ndjson({**piece(d.content, d.reasoning), "done": False})
+                    if d.content or d.reasoning or ev.logprobs:
+                        yield _ndjson({**piece(d.content, d.reasoning), "done": False, **logprobs(ev.logprobs)})
         except LlmdError as e:  # after the first token the status is sent: report in the stream
             yield _ndjson({"error": e.message})
             return

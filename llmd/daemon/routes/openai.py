@@ -99,6 +99,8 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: _StreamOptions | None = None
     response_format: _ResponseFormat | None = None
+    logprobs: bool | int | None = None  # chat: true/false; completions: how many top tokens (0-5)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     cache_prompt: bool = True  # llmd extension: false computes the whole prompt, reusing nothing
     speculation: SpeculationMode | None = None  # llmd extension; None: the daemon's default
 
@@ -150,6 +152,39 @@ class CompletionBody(_Common):
     prompt: str | list[str]
 
 
+def _top_logprobs(body: _Common) -> int | None:
+    if isinstance(body, CompletionBody):  # completions: logprobs is the number of top tokens
+        if body.logprobs is None or body.logprobs is False:
+            return None
+        if body.logprobs is True or not 0 <= int(body.logprobs) <= 5:
+            raise BadRequest("logprobs for completions is a number of top tokens, 0 to 5", "logprobs")
+        return int(body.logprobs)
+    if body.logprobs is not None and not isinstance(body.logprobs, bool):
+        raise BadRequest("logprobs for chat is true or false; the number of top tokens goes in top_logprobs",
+                         "logprobs")
+    if not body.logprobs:
+        if body.top_logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return body.top_logprobs or 0
+
+
+def chat_logprobs(entries: list[Any]) -> dict[str, Any]:
+    def one(text: str, lp: float) -> dict[str, Any]:
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+    return {"content": [{**one(t, lp), "top_logprobs": [one(a, b) for a, b in top]} for t, lp, top in entries],
+            "refusal": None}
+
+
+def completion_logprobs(entries: list[Any], start: int = 0) -> dict[str, Any]:
+    offsets, at = [], start
+    for t, _, _ in entries:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": [t for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
+            "top_logprobs": [dict(top) for _, _, top in entries], "text_offset": offsets}
+
+
 def _generation(body: _Common, **what: Any) -> GenerationRequest:
     if body.n != 1:
         raise BadRequest(f"n={body.n}: llmd returns one choice per request; send n=1 (or omit it)", "n")
@@ -166,6 +201,7 @@ def _generation(body: _Common, **what: Any) -> GenerationRequest:
             response_format["json_schema"] = {"schema": rf.json_schema.schema_}
     return GenerationRequest(
         id=uuid.uuid4().hex,
+        top_logprobs=_top_logprobs(body),
         max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
         sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
                           seed=body.seed, presence_penalty=body.presence_penalty,
@@ -231,14 +267,22 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
+        if run.req.top_logprobs is not None:
+            choice["logprobs"] = chat_logprobs(run.logprobs) if chat else completion_logprobs(run.logprobs)
         return JSONResponse({"id": rid, "object": obj, "created": created, "model": run.model,
                              "choices": [choice], "usage": usage_json(final.usage)}, headers=run.headers)
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(delta: dict[str, Any] | str, finish: str | None) -> dict[str, Any]:
+    offset = 0
+
+    def chunk(delta: dict[str, Any] | str, finish: str | None, logprobs: Any = ()) -> dict[str, Any]:
+        nonlocal offset
         c: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if logprobs:
+            c["logprobs"] = chat_logprobs(list(logprobs)) if chat else completion_logprobs(list(logprobs), offset)
+            offset += sum(len(t) for t, _, _ in logprobs)
         if chat:
             c["delta"] = delta
         else:
@@ -256,13 +300,13 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
             async for ev in run:
                 if isinstance(ev, TokenEvent):
                     if parser is None:
-                        yield _sse(chunk(ev.text, None))
+                        yield _sse(chunk(ev.text, None, ev.logprobs))
                         continue
                     d = parser.feed(ev.text)
                     if d.reasoning:
                         yield _sse(chunk({"reasoning_content": d.reasoning}, None))
-                    if d.content:
-                        yield _sse(chunk({"content": d.content}, None))
+                    if d.content or ev.logprobs:
+                        yield _sse(chunk({"content": d.content}, None, ev.logprobs))
         except LlmdError as e:  # after the first token the status is sent: report in the stream
             yield _sse(error_body("/v1", e))
             yield b"data: [DONE]\n\n"
