@@ -17,7 +17,8 @@ FORMAT_HELP: dict[str, str] = {
     "hermes": "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> (Hermes, Qwen 2.5/3)",
     "llama3": "{\"name\": ..., \"parameters\": ...} or <|python_tag|> (Llama 3.1-3.3)",
     "mistral": "[TOOL_CALLS][{\"name\": ..., \"arguments\": ...}] (Mistral, Mixtral, Nemo)",
-    "gemma": "<start_function_call>call:NAME{...}<end_function_call> (FunctionGemma)",
+    "gemma": "<start_function_call>call:NAME{...}<end_function_call> (FunctionGemma), "
+             "<|tool_call>call:NAME{...}<tool_call|> (Gemma 4)",
     "generic": "{\"tool_calls\": [...]} or {\"response\": ...}, described in a system message and held "
                "to a grammar (templates without tool support)",
 }
@@ -45,7 +46,7 @@ def detect(template: str | None) -> ChatFormat:
             fmt = "hermes"
         elif "[TOOL_CALLS]" in src:
             fmt = "mistral"
-        elif "<start_function_call>" in src or "<start_function_declaration>" in src:
+        elif "<start_function_call>" in src or "<|tool_call>call:" in src:  # FunctionGemma, Gemma 4
             fmt = "gemma"
         elif "<|start_header_id|>" in src and ("<|python_tag|>" in src or '"parameters"' in src
                                               or "parameters" in src):

@@ -17,7 +17,7 @@ from typing import Any
 
 from llmd.chat.formats import ChatFormat
 
-_MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "gemma": ("<start_function_call>",),
+_MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "gemma": ("<start_function_call>", "<|tool_call>"),
             "llama3": ("<|python_tag|>",), "generic": ()}
 
 
@@ -92,15 +92,16 @@ def _strip_fence(text: str) -> str:
     return m.group(1) if m else text.strip()
 
 
-_ESCAPE = "<escape>"
+_ESCAPES_GEMMA = ("<escape>", '<|"|>')  # FunctionGemma's string quote, Gemma 4's
 
 
 def _gemma_value(s: str, i: int) -> tuple[Any, int]:
-    """One value of FunctionGemma's argument syntax: <escape>text<escape>, {k:v,...}, [v,...], or a
-    bare number / true / false / null."""
-    if s.startswith(_ESCAPE, i):
-        end = s.index(_ESCAPE, i + len(_ESCAPE))
-        return s[i + len(_ESCAPE):end], end + len(_ESCAPE)
+    """One value of Gemma's argument syntax: <escape>text<escape> (Gemma 4: <|"|>text<|"|>),
+    {k:v,...}, [v,...], or a bare number / true / false / null."""
+    for quote in _ESCAPES_GEMMA:
+        if s.startswith(quote, i):
+            end = s.index(quote, i + len(quote))
+            return s[i + len(quote):end], end + len(quote)
     if s[i] == "{":
         out: dict[str, Any] = {}
         i += 1
@@ -132,7 +133,8 @@ def _gemma_value(s: str, i: int) -> tuple[Any, int]:
 def _gemma_calls(text: str) -> tuple[list[ToolCall], str] | None:
     calls, rest = [], []
     cursor = 0
-    for m in re.finditer(r"<start_function_call>call:([\w.\-]+)(\{.*?\})<end_function_call>", text, re.S):
+    for m in re.finditer(r"(?:<start_function_call>|<\|tool_call>)call:([\w.\-]+)(\{.*?\})"
+                         r"(?:<end_function_call>|<tool_call\|>)", text, re.S):
         try:
             args, _ = _gemma_value(m.group(2), 0)
         except (ValueError, IndexError):
@@ -208,7 +210,7 @@ def parse_calls(fmt: ChatFormat, text: str) -> tuple[list[ToolCall], str]:
             if c:
                 return [c], (head + args_text[parsed[1]:]).strip()
         return [], text
-    if fmt.tools == "gemma" and "<start_function_call>" in text:
+    if fmt.tools == "gemma" and ("<start_function_call>" in text or "<|tool_call>" in text):
         found_g = _gemma_calls(text)
         return found_g if found_g else ([], text)
     if fmt.tools == "llama3" and "<|python_tag|>" in text:

@@ -39,7 +39,7 @@ async def parse_body(request: Request, model: type[M], nulls_are_unset: bool = F
         if isinstance(data, dict) and None in data.values():
             raw = json.dumps({k: v for k, v in data.items() if v is not None}).encode()
     try:
-        return model.model_validate_json(raw, strict=True)
+        body = model.model_validate_json(raw, strict=True)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -48,6 +48,47 @@ async def parse_body(request: Request, model: type[M], nulls_are_unset: bool = F
         if err["type"] == "model_type":
             raise BadRequest("the request body must be a JSON object") from None
         raise BadRequest(f"field {loc!r}: {err['msg']}" + (f" (got {err['input']!r})" if _short(err) else ""), loc) from None
+    _check_extras(request, body)
+    return body
+
+
+# Fields that would change the reply and that llmd does not do: refused, never silently dropped.
+REFUSED = {
+    "logit_bias": "llmd does not bias logits; leave logit_bias out",
+    "audio": "llmd's models are text-only; leave audio out",
+    "prediction": "llmd speculates on its own (speculation: ngram | draft); leave prediction out",
+    "web_search_options": "llmd has no web search; leave web_search_options out",
+    "functions": "the legacy functions field is not served; send tools instead",
+    "function_call": "the legacy function_call field is not served; send tools and tool_choice instead",
+    "suffix": "llmd does not fill in the middle; leave suffix out",
+    "best_of": "llmd returns one completion per request; leave best_of out",
+    "echo": "llmd does not echo the prompt; leave echo out",
+    "images": "the loaded models are text-only; leave images out",
+}
+# Fields that do not change the reply (bookkeeping, hints for hosted services): ignored on purpose,
+# listed in README; anything else unknown is ignored too but named in X-LLMD-Ignored and the log.
+IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+           "prompt_cache_retention", "parallel_tool_calls", "reasoning_effort", "verbosity", "include",
+           "background", "reasoning", "context_management", "cache_control", "container", "diagnostics",
+           "inference_geo", "speed", "user_profile_id", "workspace_id", "thinking", "think",
+           "modalities", "truncate", "keep_alive", "options", "stream_options", "top_logprobs"}
+_seen_unknown: set[str] = set()
+
+
+def _check_extras(request: Request, body: BaseModel) -> None:
+    extra = body.model_extra or {}
+    for name, value in extra.items():
+        if name in REFUSED and value not in (None, False, {}, [], ""):
+            raise BadRequest(f"{name}: {REFUSED[name]}", name)
+    if extra.get("modalities") not in (None, ["text"]):
+        raise BadRequest("modalities: llmd answers text only; send [\"text\"] or leave it out", "modalities")
+    unknown = sorted(n for n in extra if n not in IGNORED and n not in REFUSED)
+    if unknown:
+        request.state.ignored = unknown
+        new = [n for n in unknown if n not in _seen_unknown]
+        if new:
+            _seen_unknown.update(new)
+            _log.info("ignoring request fields llmd does not know: %s (named in X-LLMD-Ignored)", ", ".join(new))
 
 
 def _short(err: Any) -> bool:
@@ -145,7 +186,11 @@ class Run:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"X-LLMD-Cache": self.cache}
+        out = {"X-LLMD-Cache": self.cache}
+        ignored = getattr(self.request.state, "ignored", None) if self.request is not None else None
+        if ignored:
+            out["X-LLMD-Ignored"] = ", ".join(ignored)
+        return out
 
     async def collect(self, request: Request | None = None) -> tuple[str, FinalEvent]:
         """The whole reply. With `request`, a client that hangs up before it is done cancels the

@@ -1,0 +1,155 @@
+"""llmd.chat: format detection, tool history rendering, constraints and reply parsing.
+
+The templates here are small ones written for the test in each vendor's style (the markers
+and variables the real templates use); the packaged SmolLM2 template is the real thing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmd.chat.formats import ChatFormat, detect
+from llmd.chat.parse import ReplyParser, parse_calls
+from llmd.chat.template import ChatTemplate
+from llmd.chat.tools import constraint, generic_messages, native_messages
+
+HERMES = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>"
+    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}"
+    "{% for c in m.tool_calls %}<tool_call>\n{{ {'name': c.function.name, 'arguments': c.function.arguments}"
+    " | tojson }}\n</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3 = ("{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}<|eot_id|>"
+          "{% endfor %}{% if tools %}Respond with {\"name\": function name, \"parameters\": ...}{% endif %}"
+          "<|python_tag|>")
+MISTRAL = "{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %}{% if tools %}[AVAILABLE_TOOLS]" \
+          "{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]"
+GEMMA = "{% if tools %}<start_function_declaration>{% endif %}<start_function_call>" \
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+THINKING = HERMES.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>{% endif %}")
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}},
+         {"type": "function", "function": {"name": "add", "description": "",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"a": {"type": "integer"}}}}}]
+
+
+def test_detect_formats():
+    from llmd.models.catalog import find_packaged
+    from llmd.models.gguf import read_gguf
+
+    assert detect(HERMES).tools == "hermes"
+    assert detect(LLAMA3).tools == "llama3"
+    assert detect(MISTRAL).tools == "mistral"
+    assert detect(GEMMA).tools == "gemma"
+    assert detect(None) == ChatFormat("generic", False)
+    assert detect(THINKING).thinking
+    smol = read_gguf(find_packaged()["smollm2-135m"]).chat_template
+    assert detect(smol) == ChatFormat("generic", False)  # its template never reads tools
+
+
+def test_native_history_renders_calls_with_object_arguments():
+    fmt = detect(HERMES)
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "rainy"}]
+    text = ChatTemplate(HERMES, "", "").render(native_messages(fmt, history), tools=TOOLS)
+    assert '<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>' in text  # an object
+    assert '"name": "add"' in text and "rainy" in text
+
+
+def test_mistral_ids_are_nine_alphanumerics():
+    msgs = native_messages(detect(MISTRAL), [{"role": "assistant", "tool_calls": [
+        {"id": "call_abcdef0123", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_abcdef0123", "content": "x"}])
+    cid = msgs[0]["tool_calls"][0]["id"]
+    assert len(cid) == 9 and cid.isalnum() and msgs[1]["tool_call_id"] == cid
+
+
+def test_generic_history_describes_tools_and_merges_user_turns():
+    msgs = generic_messages([{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"},
+                             {"role": "assistant", "content": "", "tool_calls": [
+                                 {"id": "c1", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+                             {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "2"},
+                             {"role": "user", "content": "Thanks"}], TOOLS, "auto")
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert msgs[0]["content"].startswith("Be kind.") and '"name": "get_weather"' in msgs[0]["content"]
+    assert json.loads(msgs[2]["content"]) == {"tool_calls": [{"name": "add", "arguments": {"a": 1}}]}
+    assert "Result of add:\n2" in msgs[3]["content"] and msgs[3]["content"].endswith("Thanks")
+
+
+def test_constraints_per_format_and_choice():
+    generic, hermes = detect(None), detect(HERMES)
+    auto = constraint(generic, TOOLS, "auto", True)
+    assert auto is not None and len(auto.schema["anyOf"]) == 2  # a call or an answer
+    named = constraint(generic, TOOLS, "add", False)
+    assert named is not None
+    calls = named.schema["properties"]["tool_calls"]
+    assert calls["maxItems"] == 1 and calls["items"]["properties"]["name"] == {"const": "add"}
+    assert constraint(hermes, TOOLS, "auto", True) is None  # native auto: the model chooses freely
+    req = constraint(hermes, TOOLS, "required", True)
+    assert req is not None and req.prefix == "<tool_call>\n" and req.repeat
+    assert constraint(generic, TOOLS, "none", True) is None
+
+
+def test_tool_grammar_builds_and_bounds_apply():
+    from llmd.backends.llamacpp.sampler import grammar_for_tools
+    from llmd.chat.tools import ToolConstraint
+    from llmd.errors import GrammarError
+
+    c = constraint(detect(HERMES), TOOLS, "required", True)
+    assert c is not None
+    g = grammar_for_tools(c)
+    assert g.startswith('root ::= "<tool_call>\\n" llmd-call "\\n</tool_call>" ("\\n" ')
+    assert 'char ::= [^"\\\\\\x7F\\x00-\\x1F]' in g  # JSON strings hold no raw newline
+    with pytest.raises(GrammarError):
+        grammar_for_tools(ToolConstraint({"type": "string", "maxLength": 50000}))
+
+
+@pytest.mark.parametrize(("fmt", "text"), [
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+    ("llama3", '<|python_tag|>get_weather.call(city="Oslo")'),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'),
+    ("gemma", "<start_function_call>call:get_weather{city:<escape>Oslo<escape>}<end_function_call>"),
+    ("gemma", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|>'),
+    ("generic", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}'),
+    ("generic", '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```'),
+])
+def test_parse_each_format(fmt: str, text: str):
+    calls, _ = parse_calls(ChatFormat(fmt, False), text)  # type: ignore[arg-type]
+    assert [(c.name, c.arguments_object) for c in calls] == [("get_weather", {"city": "Oslo"})]
+
+
+def test_unparseable_call_stays_content():
+    reply = ReplyParser(detect(HERMES), True).parse("<tool_call>\n{not json</tool_call>")
+    assert reply.tool_calls == [] and reply.content == "<tool_call>\n{not json</tool_call>"
+
+
+def test_stream_holds_only_what_may_be_a_call():
+    p = ReplyParser(detect(HERMES), True)
+    shown = "".join(p.feed(ch).content for ch in "Let me check. <tool_")
+    assert shown == "Let me check. "  # "<tool_" may begin a call: held
+    shown += "".join(p.feed(ch).content for ch in 'call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>')
+    end = p.finish()
+    assert shown == "Let me check. " and [c.name for c in end.tool_calls] == ["add"]
+
+
+def test_generic_answer_streams_as_text():
+    p = ReplyParser(detect(None), True)
+    out = "".join(p.feed(ch).content for ch in '{"response": "Hi \\"you\\" \\u00e9\\n."}')
+    assert out == 'Hi "you" é\n.' and p.finish().content == ""
+
+
+def test_think_is_split_into_reasoning():
+    reply = ReplyParser(detect(THINKING), False).parse("<think>Two plus two.</think>\n\nFour.")
+    assert reply.reasoning == "Two plus two." and reply.content == "Four."
+    plain = ReplyParser(detect(HERMES), False).parse("<think>kept</think>")  # a template without it
+    assert plain.content == "<think>kept</think>"
