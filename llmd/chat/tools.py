@@ -21,6 +21,11 @@ from llmd.chat.formats import ChatFormat
 from llmd.errors import BadRequest
 
 
+# The most calls one reply may make when parallel calls are allowed: a small model held to a call
+# grammar otherwise repeats calls until max_tokens and no call arrives whole.
+MAX_PARALLEL_CALLS = 8
+
+
 @dataclass(frozen=True)
 class ToolConstraint:
     """Decoding held to `prefix` + JSON matching `schema` + `suffix` (repeated when `repeat`)."""
@@ -164,9 +169,7 @@ def constraint(fmt: ChatFormat, tools: list[dict[str, Any]], tool_choice: str,
         if not forced and fmt.tools == "gemma":
             return None
         calls: dict[str, Any] = {"type": "array", "items": _one_of([_call_schema(t, "arguments") for t in chosen]),
-                                 "minItems": 1}
-        if not parallel:
-            calls["maxItems"] = 1
+                                 "minItems": 1, "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
         call_reply = {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"]}
         if forced:
             return ToolConstraint(call_reply)
@@ -180,9 +183,7 @@ def constraint(fmt: ChatFormat, tools: list[dict[str, Any]], tool_choice: str,
     if fmt.tools == "llama3":
         return ToolConstraint(_one_of([_call_schema(t, "parameters") for t in chosen]))
     items: dict[str, Any] = {"type": "array", "items": _one_of([_call_schema(t, "arguments") for t in chosen]),
-                             "minItems": 1}
-    if not parallel:
-        items["maxItems"] = 1
+                             "minItems": 1, "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
     return ToolConstraint(items, "[TOOL_CALLS]")
 
 

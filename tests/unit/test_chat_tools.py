@@ -107,6 +107,7 @@ def test_tool_grammar_builds_and_bounds_apply():
     assert c is not None
     g = grammar_for_tools(c)
     assert g.startswith('root ::= "<tool_call>\\n" llmd-call "\\n</tool_call>" ("\\n" ')
+    assert "{0,7}" in g.splitlines()[0]
     assert 'char ::= [^"\\\\\\x7F\\x00-\\x1F]' in g  # JSON strings hold no raw newline
     with pytest.raises(GrammarError):
         grammar_for_tools(ToolConstraint({"type": "string", "maxLength": 50000}))

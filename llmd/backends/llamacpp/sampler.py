@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from llmd.backends.base import Sampling
-from llmd.chat.tools import ToolConstraint
+from llmd.chat.tools import MAX_PARALLEL_CALLS, ToolConstraint
 from llmd.errors import GrammarError
 
 # llama.cpp's grammar parser expands a bounded repetition into nested rules and recurses over them:
@@ -94,7 +94,7 @@ def grammar_for_tools(c: ToolConstraint) -> str:
     body = re.sub(r"^root ::=", "llmd-call ::=", body, flags=re.M)
     block = " ".join(p for p in (_literal(c.prefix) if c.prefix else "", "llmd-call",
                                  _literal(c.suffix) if c.suffix else "") if p)
-    root = f"root ::= {block}" + (f' ("\\n" {block})*' if c.repeat else "")
+    root = f"root ::= {block}" + (f' ("\\n" {block}){{0,{MAX_PARALLEL_CALLS - 1}}}' if c.repeat else "")
     return root + "\n" + body
 
 
