@@ -17,6 +17,13 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
 
+# node and npm: the JavaScript client checks (openai, ollama, the Vercel AI SDK from npm)
+if ! command -v npm >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+(cd tests/clients_js && npm install --no-audit --no-fund --loglevel=error)
+
 # llama-cpp-python builds from source (10-18 min the first time; pip caches the wheel)
 python3 -m pip install -q -e '.[test,gemma]'
 mkdir -p artifacts

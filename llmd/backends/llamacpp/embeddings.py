@@ -15,7 +15,7 @@ from typing import Any
 from llmd.backends.base import EmbedRequest, EmbedResult
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.context import physical_cores, tokenize
-from llmd.errors import ContextOverflow, EngineError
+from llmd.errors import BadRequest, ContextOverflow, EngineError
 
 
 class Embedder:
@@ -27,6 +27,7 @@ class Embedder:
         self.n_ctx = n_ctx
         self.dim = int(L.llama_model_n_embd(model))
         self.add_bos = bool(L.llama_vocab_get_add_bos(vocab))
+        self.n_vocab = int(L.llama_vocab_n_tokens(vocab))
         cp = L.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx  # a pooled input must fit one micro-batch
         cp.n_seq_max = 1
@@ -50,6 +51,10 @@ class Embedder:
 
     def tokens(self, item: str | tuple[int, ...], index: int, truncate: bool) -> list[int]:
         toks = list(item) if isinstance(item, tuple) else tokenize(self.vocab, item, self.add_bos, False)
+        bad = next((t for t in toks if not 0 <= t < self.n_vocab), None)
+        if bad is not None:  # e.g. tiktoken ids for another model's vocabulary
+            raise BadRequest(f"input[{index}] holds token id {bad}, outside this model's vocabulary of {self.n_vocab}; "
+                             "send text, or token ids from this model's tokenizer", "input")
         if not toks:
             raise ContextOverflow(f"input[{index}] is empty; embed at least one token of text", "input")
         if len(toks) > self.n_ctx:
