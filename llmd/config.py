@@ -153,6 +153,7 @@ class Settings:
     draft: str = ""
     repack: str = "auto"
     kl_warn: float = 0.05
+    hang_s: float = 120.0
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -207,6 +208,8 @@ SETTINGS: tuple[Setting, ...] = (
             "crashed on this CPU before; see `llmd doctor`), on or off"),
     Setting("kl_warn", "`llmd eval` warns when the KL divergence from the base model is above this"),
     Setting("standby", "keep one worker process started ahead, so loads and switches skip its start"),
+    Setting("hang_s", "a worker with requests open that sends nothing (not even its heartbeat) this many "
+            "seconds is stopped and replaced; its requests get an error"),
 )
 
 _FIELDS = {f.name: f for f in fields(Settings)}

@@ -167,12 +167,19 @@ class EngineConfig:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What a backend implements. The worker owns one and drives `step` in its loop."""
+    """What a backend implements: exactly what `worker_main` and the scheduler use. The worker owns
+    one, drives `step` in its loop, sends `info()` once loaded, times the pipe with `profiler` and
+    sets `interrupt` (a command is waiting: idle work may stop). A class may also offer a
+    `preload()` classmethod that a standby worker calls before it has a model."""
 
     name: str
     supports_speculation: bool
     supports_prefix_cache: bool
     precisions: tuple[str, ...]
+    profiler: Any  # backends.profile.Profiler
+    interrupt: Any  # Callable[[], bool] | None
+
+    def info(self) -> dict[str, Any]: ...
 
     def submit(self, request: GenerationRequest) -> None: ...
 

@@ -72,6 +72,7 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
         conn.send(Loaded({}, EngineError(f"{backend} could not load {name}: {e}").to_wire()))
         return
     conn.send(Loaded(engine.info()))
+    last_sent = time.monotonic()
     if urgent is not None:  # set by the daemon with each new request: idle work yields to it at once
         engine.interrupt = urgent.is_set
     try:
@@ -105,13 +106,18 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
                 elif isinstance(msg, Shutdown):
                     return
             events = engine.step()
-            if events:
+            if events or (not idle and time.monotonic() - last_sent > HEARTBEAT_S):
+                # an empty list is the heartbeat: busy without events (a long prefill) is not hung
                 with engine.profiler.span("ipc"):
                     conn.send(events)
+                last_sent = time.monotonic()
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return
     finally:
         engine.close()
+
+
+HEARTBEAT_S = 5.0  # a busy worker sends at least this often, events or not
 
 
 class WorkerHandle:
@@ -130,6 +136,8 @@ class WorkerHandle:
         self._loaded: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._stats: asyncio.Future[dict[str, Any]] | None = None
         self.alive = True
+        self.last_heard = time.monotonic()  # any message from the worker (events, heartbeat, stats)
+        self.hung_for: float | None = None  # set when the daemon stopped it for not answering
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._urgent = ctx.Event()
@@ -140,6 +148,20 @@ class WorkerHandle:
         child.close()
         self._reader = threading.Thread(target=self._read, name=f"llmd-reader-{label}", daemon=True)
         self._reader.start()
+
+    def silent_for(self) -> float:
+        """Seconds since the worker last sent anything, while it has requests open (else 0)."""
+        if not self.alive or not self._queues or not self._loaded.done():
+            return 0.0
+        return time.monotonic() - self.last_heard
+
+    def kill_hung(self, silent: float) -> None:
+        """Stop a worker that sends nothing while it has work: its requests get an error that says so
+        (through the usual exit path) and the next request starts a new worker."""
+        self.hung_for = silent
+        log.error("worker for %s (pid %s) sent nothing for %.0f s with %d requests open; stopping it",
+                  self.label, self.pid, silent, len(self._queues))
+        self.process.kill()
 
     def assign(self, cfg: EngineConfig) -> None:
         """Give a standby worker the model to load."""
@@ -215,6 +237,7 @@ class WorkerHandle:
         try:
             while True:
                 msg = self._conn.recv()
+                self.last_heard = time.monotonic()
                 if isinstance(msg, list):
                     self.loop.call_soon_threadsafe(self._dispatch, msg)
                 elif isinstance(msg, Loaded):
@@ -258,6 +281,8 @@ class WorkerHandle:
                 self._on_exit(self)
             return
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        if self.hung_for is not None:
+            how = f"stopped answering for {self.hung_for:.0f} s (LLMD_HANG_S) and was stopped"
         err = EngineCrashed(
             f"the engine worker for {self.cfg.model_name} {how} during this request; "
             "the next request starts a new worker"

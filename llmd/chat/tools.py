@@ -20,7 +20,6 @@ from typing import Any
 from llmd.chat.formats import ChatFormat
 from llmd.errors import BadRequest
 
-
 # The most calls one reply may make when parallel calls are allowed: a small model held to a call
 # grammar otherwise repeats calls until max_tokens and no call arrives whole.
 MAX_PARALLEL_CALLS = 8

@@ -342,11 +342,15 @@ class Scheduler:
             self._reaper = asyncio.ensure_future(self._reap())
 
     async def _reap(self) -> None:
-        """Unload models idle longer than their keep_alive."""
+        """Unload models idle longer than their keep_alive; stop workers that hang."""
         while self.workers:
             now = time.monotonic()
             wait = 1.0
-            for name, _worker in list(self.workers.items()):
+            for name, worker in list(self.workers.items()):
+                silent = worker.silent_for() if hasattr(worker, "silent_for") else 0.0
+                if silent > self.settings.hang_s and getattr(worker, "hung_for", None) is None:
+                    worker.kill_hung(silent)
+                    continue
                 keep = self._keep.get(name, self.keep_alive)
                 if keep is None or self._users.get(name):
                     continue

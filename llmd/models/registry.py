@@ -147,7 +147,7 @@ class Registry:
             raise BadRequest(f"{name} is the draft model of {', '.join(users)}; unpair it first "
                              f"(`llmd models pair {users[0]} --none`)", "name")
         self.db.table("models").delete(name)
-        if row["source"] == "created":
+        if row["source"] == "created":  # never another tool's files (ollama, lmstudio, hf imports)
             Path(row["path"]).unlink(missing_ok=True)
         return row
 
@@ -184,8 +184,10 @@ class Registry:
     def _register(self, name: str, path: Path, source: str, **extra: Any) -> dict[str, Any]:
         info = read_gguf(path)  # validates before anything is written
         st = path.stat()
+        # a store that names files by their sha256 (Ollama, the Hub cache) saves hashing gigabytes again
+        digest = extra.pop("digest", None) or file_digest(path)
         row = {
-            "name": name, "path": str(path), "format": "gguf", "source": source, "digest": file_digest(path),
+            "name": name, "path": str(path), "format": "gguf", "source": source, "digest": digest,
             "size": st.st_size, "mtime": st.st_mtime, "arch": info.arch, "n_params": info.n_params,
             "quantization": info.quantization, "context_length": info.context_length,
             "has_chat_template": int(info.chat_template is not None), "added_at": time.time(), **extra,

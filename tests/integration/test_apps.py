@@ -64,7 +64,8 @@ def test_tool_call_streams_in_openai_delta_shape(http: httpx.Client):
 
 
 def test_tool_history_round_trip(http: httpx.Client):
-    first = _chat(http, tools=TOOLS, tool_choice="required")["choices"][0]["message"]
+    first = _chat(http, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                  max_tokens=200)["choices"][0]["message"]
     call = first["tool_calls"][0]
     history = [*ASK, first, {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"}]
     out = _chat(http, tools=TOOLS, tool_choice="none", messages=history, max_tokens=30)
@@ -185,8 +186,8 @@ def test_anthropic_messages(http: httpx.Client):
     assert m["type"] == "message" and m["content"][0]["type"] == "text" and m["stop_reason"] in ("end_turn",
                                                                                                "max_tokens")
     tools = [{"name": "get_weather", "description": "Weather", "input_schema": WEATHER}]
-    m = http.post("/v1/messages", json={"max_tokens": 80, "messages": ASK, "tools": tools,
-                                        "tool_choice": {"type": "any"}}).json()
+    m = http.post("/v1/messages", json={"max_tokens": 200, "messages": ASK, "tools": tools,
+                                        "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}).json()
     use = m["content"][-1]
     assert m["stop_reason"] == "tool_use" and use["type"] == "tool_use" and use["id"].startswith("toolu_")
     jsonschema.validate(use["input"], WEATHER)

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from conftest import Daemon
 from pydantic import BaseModel
-
-from tests.conftest import Daemon
 
 # the libraries keep HTTP connections in pools that they close at garbage collection, not in the
 # test: their ResourceWarnings say nothing about llmd

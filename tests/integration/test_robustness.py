@@ -177,3 +177,24 @@ def test_a_non_streamed_request_is_cancelled_when_its_client_hangs_up(d: Daemon)
             break
         time.sleep(0.2)
     assert busy == 0, "the engine kept generating for a client that was gone"
+
+
+def test_a_hung_worker_is_stopped_and_its_requests_get_an_error(tmp_path: Path):
+    """LLMD_TEST_CRASH=hang: the worker's decode never returns on a prompt longer than warm-up's.
+    The heartbeat stops arriving, the daemon stops the worker after LLMD_HANG_S, and the request
+    gets an error that says so, while health answers throughout."""
+    d = Daemon(tmp_path / "home", env={"LLMD_TEST_CRASH": "hang", "LLMD_HANG_S": "3"}).start()
+    try:
+        with d.client() as c, cf.ThreadPoolExecutor(1) as pool:
+            long = "word " * 150
+            fut = pool.submit(c.post, "/v1/chat/completions", json={"messages": [{"role": "user", "content": long}],
+                                                                     "max_tokens": 4})
+            assert c.get("/llmd/health", timeout=5).status_code == 200
+            r = fut.result(timeout=60)
+            assert r.status_code == 500, r.text
+            assert "stopped answering" in r.json()["error"]["message"]
+            short = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                         "max_tokens": 3})
+            assert short.status_code == 200, short.text  # a new worker serves what does not hang
+    finally:
+        d.stop()

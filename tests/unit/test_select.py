@@ -37,7 +37,7 @@ def test_no_gpu_is_llama_cpp_on_the_cpu():
     (gpu("NVIDIA A100-SXM4-80GB", (8, 0), 80), "int8"),
 ])
 def test_tensorrt_by_compute_capability(g: GPU, precision: str):
-    c = choose(machine(g), HF)
+    c = choose(machine(g), HF, trt_verified=True)
     assert (c.backend, c.precision, c.gpu) == ("tensorrt", precision, g.name)
     assert "{}.{}".format(*g.compute_capability) in c.reason
     assert "llama.cpp gguf" in dict(c.rejected)
@@ -46,7 +46,7 @@ def test_tensorrt_by_compute_capability(g: GPU, precision: str):
 
 
 def test_jetson_orin_is_int8():
-    c = choose(machine(gpu("Orin", (8, 7), 32), arch="aarch64"), HF)
+    c = choose(machine(gpu("Orin", (8, 7), 32), arch="aarch64"), HF, trt_verified=True)
     assert (c.backend, c.precision) == ("tensorrt", "int8")
 
 
@@ -56,6 +56,16 @@ def test_older_gpus_use_llama_cpp_with_all_layers(g: GPU):
     assert (c.backend, c.gpu_layers, c.gpu) == ("llama.cpp", 30, g.name)
     assert "compute capability" in dict(c.rejected)["tensorrt"]
     assert "all 30 layers" in c.reason
+
+
+def test_unverified_tensorrt_is_chosen_only_when_asked_for():
+    g = machine(gpu("NVIDIA GeForce RTX 4090", (8, 9), 24))
+    c = choose(g, HF)
+    assert c.backend == "llama.cpp" and c.gpu_layers == 30
+    why = dict(c.rejected)["tensorrt"]
+    assert "FP8 would apply" in why and "not been verified on a GPU" in why and "LLMD_BACKEND=tensorrt" in why
+    asked = choose(g, HF, override="tensorrt")
+    assert (asked.backend, asked.precision) == ("tensorrt", "fp8")
 
 
 def test_gpu_without_tensorrt_llm():

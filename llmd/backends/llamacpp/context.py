@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from typing import Any
 
 from llmd.backends.repack import CRASH_ENV
@@ -68,10 +69,13 @@ class Decoder:
         self.ctx = ctx
         mode = os.environ.get(CRASH_ENV, "")
         self._crash = mode == "always" or (mode == "repack" and repack)
+        self._hang = mode == "hang"  # a kernel that never returns, on prompts longer than warm-up's
 
     def __call__(self, batch: Any) -> int:
         if self._crash and batch.n_tokens > 1:
             os.kill(os.getpid(), signal.SIGSEGV)  # as the AMX kernels do (test switch only)
+        if self._hang and batch.n_tokens > 100:
+            time.sleep(3600)
         return int(self._decode(self.ctx, batch))
 
 

@@ -7,21 +7,26 @@ output objects), and the clear error when this backend is selected without tenso
 Nothing here imports tensorrt_llm at module load.
 
 How 1.2 is used:
-- FP8 on compute capability 8.9+: the PyTorch `LLM` loads a pre-quantized (ModelOpt FP8)
-  checkpoint; KV cache in FP8 through KvCacheConfig(dtype="fp8"). It rejects quant_config.
-- INT8 (8.0 to 8.6), or FP8 calibrated at load: the engine backend
-  (`tensorrt_llm._tensorrt_engine.LLM`) with QuantConfig(quant_algo=W8A8_SQ_PER_CHANNEL or
-  W8A16 / FP8) and CalibConfig(calib_dataset=<a local file of prompts>), built once and kept
-  in llmd's cache dir.
+- FP8 on compute capability 8.9+, from a pre-quantized (ModelOpt FP8) checkpoint (its config.json
+  has a quantization_config): the PyTorch `LLM`, KV cache in FP8 through KvCacheConfig(dtype="fp8");
+  it rejects quant_config. Draft-model speculation (DraftTargetDecodingConfig with the paired HF
+  draft folder) and n-gram lookup belong to this backend.
+- Anything else (a BF16 checkpoint for FP8, INT8 SmoothQuant on 8.0 to 8.6, INT8 weight-only) is
+  quantized and built once with the TensorRT `LLM` (`tensorrt_llm._tensorrt_engine.LLM`) from
+  QuantConfig, CalibConfig (a local dataset folder of llmd's prompts) and BuildConfig
+  (max_input_len and max_num_tokens from the context), saved with `llm.save(dir)`, and loaded
+  from that folder afterwards with nothing but runtime options.
 - KV reuse: KvCacheConfig(enable_block_reuse=True, host_cache_size=..., free_gpu_memory_fraction
-  low enough to leave a desktop GPU usable).
-- Speculation: DraftTargetDecodingConfig or NGramDecodingConfig with disable_overlap_scheduler.
-- Streaming: llm.generate_async(prompt, params, streaming=True); outputs[0].text_diff is new text.
+  low enough to leave a desktop GPU usable); guided decoding through xgrammar.
+- Streaming: llm.generate_async(prompt, params, streaming=True); outputs[0].text_diff is new text;
+  cancelling aborts the RequestOutput.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import queue
 import threading
 import time
@@ -40,7 +45,8 @@ from llmd.backends.base import (
     TokenEvent,
     Usage,
 )
-from llmd.errors import BadRequest, EngineError, LlmdError
+from llmd.backends.profile import Profiler
+from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
 
 KV_GPU_FRACTION = 0.6  # TensorRT-LLM's default 0.9 takes most free VRAM; a desktop needs some back
 HOST_CACHE_BYTES = 2 * 1024**3
@@ -59,18 +65,61 @@ def require_tensorrt_llm() -> Any:
     return tensorrt_llm
 
 
-def llm_kwargs(precision: str, model_dir: str, cfg: EngineConfig, engine_cache: str,
-               speculation: str = "off", draft_dir: str | None = None, pre_quantized: bool = False,
-               calib_file: str | None = None) -> tuple[str, dict[str, Any]]:
-    """Which LLM class to use ("pytorch" or "engine") and its keyword arguments, as data.
+def pre_quantized(model_dir: str) -> bool:
+    """Whether a Hugging Face checkpoint is already quantized (ModelOpt FP8 and the like): its
+    config.json has a quantization_config, or ModelOpt wrote hf_quant_config.json beside it."""
+    d = Path(model_dir)
+    if (d / "hf_quant_config.json").exists():
+        return True
+    try:
+        config = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("quantization_config"))
+
+
+def built_engine(engine_dir: str) -> bool:
+    """A TensorRT engine folder written by LLM.save (config.json beside rank*.engine)."""
+    d = Path(engine_dir)
+    return (d / "config.json").exists() and any(d.glob("rank*.engine"))
+
+
+def calibration_dir(cache: str) -> str:
+    """The calibration prompts as a local dataset folder TensorRT-LLM's loader reads.
+
+    The loader (tensorrt_llm.models.convert_utils.load_calib_dataset) calls datasets.load_dataset
+    on the folder and picks split and column from a table of known dataset names matched in the
+    path: a folder whose name holds "lambada" is read as split "validation", column "text". So
+    the prompts go to <cache>/calib-lambada/validation.jsonl, one {"text": ...} per line."""
+    d = Path(cache) / "calib-lambada"
+    d.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"text": t}) for t in CALIB_FILE.read_text().splitlines() if t.strip()]
+    (d / "validation.jsonl").write_text("\n".join(lines) + "\n")
+    return str(d)
+
+
+def llm_kwargs(precision: str, model_dir: str, cfg: EngineConfig, engine_dir: str,
+               speculation: str = "off", draft_dir: str | None = None, quantized: bool = False,
+               calib_dir: str | None = None, built: bool = False) -> tuple[str, dict[str, Any], list[str]]:
+    """Which LLM class to use ("pytorch", "engine" to build, or "built" to load a built engine),
+    its keyword arguments as data, and notes for doctor and status (a pairing that cannot apply).
     Objects (KvCacheConfig, QuantConfig, ...) are described as {"__class__": name, **fields}."""
+    notes: list[str] = []
     kv = {"__class__": "KvCacheConfig", "enable_block_reuse": True, "host_cache_size": HOST_CACHE_BYTES,
           "free_gpu_memory_fraction": KV_GPU_FRACTION}
-    common: dict[str, Any] = {"model": model_dir, "max_batch_size": cfg.n_slots,
-                              "max_seq_len": cfg.n_ctx, "kv_cache_config": kv}
-    if precision == "fp8" and pre_quantized:
+    # guided decoding (JSON output) needs its backend named on the LLM, or JSON requests fail
+    if built:
+        # a built engine carries its own quantization and build limits: only runtime options go with it
+        if speculation == "draft" and draft_dir:
+            notes.append("the paired draft model does not apply to a prebuilt TensorRT engine "
+                         "(it takes only Lookahead, Medusa or Eagle configs)")
+        return "built", {"model": engine_dir, "kv_cache_config": kv, "guided_decoding_backend": "xgrammar"}, notes
+    max_num_tokens = min(8192, cfg.n_ctx * cfg.n_slots)
+    common: dict[str, Any] = {"model": model_dir, "max_batch_size": cfg.n_slots, "max_seq_len": cfg.n_ctx,
+                              "max_num_tokens": max_num_tokens, "kv_cache_config": kv,
+                              "guided_decoding_backend": "xgrammar"}
+    if precision == "fp8" and quantized:
         kv["dtype"] = "fp8"
-        kind = "pytorch"
         if speculation == "draft" and draft_dir:
             common["speculative_config"] = {"__class__": "DraftTargetDecodingConfig", "max_draft_len": 4,
                                             "speculative_model": draft_dir}
@@ -79,31 +128,36 @@ def llm_kwargs(precision: str, model_dir: str, cfg: EngineConfig, engine_cache: 
             common["speculative_config"] = {"__class__": "NGramDecodingConfig", "max_draft_len": 4,
                                             "max_matching_ngram_size": 3}
             common["disable_overlap_scheduler"] = True
-        return kind, common
+        return "pytorch", common, notes
     algo = {"fp8": "FP8", "int8": "W8A8_SQ_PER_CHANNEL", "int8-weight-only": "W8A16"}.get(precision)
     if algo is None:
         raise EngineError(f"TensorRT precision {precision!r} is not one of fp8, int8, int8-weight-only")
+    if speculation == "draft" and draft_dir:
+        notes.append("the paired draft model does not apply: a checkpoint quantized at load is built into a "
+                     "TensorRT engine, which takes only Lookahead, Medusa or Eagle configs")
     common["quant_config"] = {"__class__": "QuantConfig", "quant_algo": algo,
                               "kv_cache_quant_algo": "FP8" if precision == "fp8" else "INT8"}
-    common["calib_config"] = {"__class__": "CalibConfig", "calib_dataset": calib_file or str(CALIB_FILE),
-                              "calib_batches": 64, "calib_max_seq_length": 512}
-    common["build_config"] = {"__class__": "BuildConfig", "max_batch_size": cfg.n_slots,
-                              "max_seq_len": cfg.n_ctx}
-    common["engine_cache_dir"] = engine_cache  # llmd saves the built engine here and reuses it
-    return "engine", common
+    if precision != "int8-weight-only":  # weight-only needs no activation statistics
+        common["calib_config"] = {"__class__": "CalibConfig", "calib_dataset": calib_dir or "",
+                                  "calib_batches": 64, "calib_max_seq_length": 512}
+    common["build_config"] = {"__class__": "BuildConfig", "max_batch_size": cfg.n_slots, "max_seq_len": cfg.n_ctx,
+                              "max_input_len": cfg.n_ctx - 1, "max_num_tokens": max_num_tokens}
+    return "engine", common, notes
 
 
-def sampling_kwargs(req: GenerationRequest, n_ctx: int) -> dict[str, Any]:
-    """SamplingParams for a request. max_tokens is always set: TensorRT-LLM defaults to 32."""
+def sampling_kwargs(req: GenerationRequest, room: int) -> dict[str, Any]:
+    """SamplingParams for a request. max_tokens is always set (TensorRT-LLM's default is 32), to
+    what the request asked or the room its prompt leaves in the context."""
     s = req.sampling
     kw: dict[str, Any] = {
-        "max_tokens": req.max_tokens if req.max_tokens is not None else n_ctx,
+        "max_tokens": req.max_tokens if req.max_tokens is not None else room,
         "temperature": s.temperature,
         "return_perf_metrics": True,
     }
-    if not s.greedy:
-        if s.top_p < 1.0:
-            kw["top_p"] = s.top_p
+    if s.greedy:
+        kw["top_k"] = 1  # with neither top_k nor top_p set TensorRT-LLM decodes greedily anyway; say it
+    else:
+        kw["top_p"] = s.top_p  # also 1.0: without top_p or top_k it would decode greedily
         if s.top_k > 0:
             kw["top_k"] = s.top_k
         if s.min_p > 0:
@@ -174,52 +228,98 @@ class TensorRTEngine:
 
         self.cfg = cfg
         self._trt = trt
+        self.profiler = Profiler(False)
+        self.interrupt: Any = None  # the worker sets it; TensorRT-LLM runs its own loop and ignores it
         self._events: queue.Queue[Event] = queue.Queue()
         self._active: dict[str, asyncio.Task[None]] = {}
+        self._outputs: dict[str, Any] = {}  # request id -> its RequestOutput, to abort it
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmd-trt-loop", daemon=True)
         self._thread.start()
         t0 = time.perf_counter()
+        self.notes: list[str] = []
         # the LLM must be created inside the running event loop
         self.llm = asyncio.run_coroutine_threadsafe(self._create(), self._loop).result()
         self.load_s = time.perf_counter() - t0
 
+    def _engine_dir(self) -> str:
+        cache = Path(self.cfg.prefix_dir or ".").parent / "trt-engines"
+        return str(cache / f"{self.cfg.model_digest or self.cfg.model_name}-{self.cfg.precision or 'fp8'}")
+
     async def _create(self) -> Any:
         from tensorrt_llm import llmapi
 
-        kind, kwargs = llm_kwargs(self.cfg.precision or "fp8", self.cfg.model_path, self.cfg,
-                                  str(Path(self.cfg.prefix_dir or ".").parent / "trt-engines"),
-                                  pre_quantized=self.cfg.precision == "fp8")
+        precision = self.cfg.precision or "fp8"
+        engine_dir = self.cfg.model_path if built_engine(self.cfg.model_path) else self._engine_dir()
+        built = built_engine(engine_dir)
+        calib = None if built or pre_quantized(self.cfg.model_path) else calibration_dir(str(Path(engine_dir).parent))
+        kind, kwargs, self.notes = llm_kwargs(precision, self.cfg.model_path, self.cfg, engine_dir,
+                                              speculation="draft" if self.cfg.draft_path else "off",
+                                              draft_dir=self.cfg.draft_path or None,
+                                              quantized=pre_quantized(self.cfg.model_path), calib_dir=calib,
+                                              built=built)
         ns = {name: getattr(llmapi, name) for name in dir(llmapi) if not name.startswith("_")}
-        if kind == "engine":
+        if kind == "pytorch":
+            from tensorrt_llm import LLM
+        else:  # building an engine, or loading one built before: the TensorRT LLM class, nothing else
             from tensorrt_llm._tensorrt_engine import LLM
             from tensorrt_llm.quantization import QuantAlgo
 
             ns["_enums"] = {k: getattr(QuantAlgo, k) for k in ("FP8", "W8A8_SQ_PER_CHANNEL", "W8A16", "INT8")}
-        else:
-            from tensorrt_llm import LLM
-        return LLM(**materialize(kwargs, ns))
+        llm = LLM(**materialize(kwargs, ns))
+        if kind == "engine":  # built once; later loads take the saved engine
+            await asyncio.to_thread(llm.save, engine_dir)
+        return llm
 
     def info(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.cfg.model_name, "path": self.cfg.model_path,
                 "precision": self.cfg.precision, "n_ctx": self.cfg.n_ctx, "n_slots": self.cfg.n_slots,
-                "load_s": round(self.load_s, 3), "tensorrt_llm": getattr(self._trt, "__version__", "?")}
+                "load_s": round(self.load_s, 3), "tensorrt_llm": getattr(self._trt, "__version__", "?"),
+                "notes": self.notes, "pid": os.getpid()}
+
+    @classmethod
+    def preload(cls) -> None:
+        """A standby worker imports tensorrt_llm ahead of its model (seconds saved at the switch)."""
+        try:
+            require_tensorrt_llm()
+        except EngineError:
+            pass  # reported when a model is loaded
 
     def submit(self, req: GenerationRequest) -> None:
         t = time.perf_counter()
         fut = asyncio.run_coroutine_threadsafe(self._generate(req, t), self._loop)
-        fut.add_done_callback(lambda _f: self._active.pop(req.id, None))
+        fut.add_done_callback(lambda _f: (self._active.pop(req.id, None), self._outputs.pop(req.id, None)))
+
+    def _refuse(self, req: GenerationRequest) -> LlmdError | None:
+        if req.tools and req.tool_choice != "none":
+            return BadRequest(f"{self.cfg.model_name} runs on TensorRT-LLM, where llmd does not do tool calls yet; "
+                              "use a GGUF model (llama.cpp) for tools", "tools")
+        if req.top_logprobs is not None:
+            return BadRequest(f"{self.cfg.model_name} runs on TensorRT-LLM, where llmd does not report logprobs "
+                              "yet", "logprobs")
+        return None
 
     async def _generate(self, req: GenerationRequest, t_received: float) -> None:
         from tensorrt_llm import SamplingParams, llmapi
 
         self._active[req.id] = asyncio.current_task()  # type: ignore[assignment]
         try:
-            ns = {name: getattr(llmapi, name) for name in dir(llmapi) if not name.startswith("_")}
-            params = SamplingParams(**materialize(sampling_kwargs(req, self.cfg.n_ctx), ns))
+            refused = self._refuse(req)
+            if refused is not None:
+                raise refused
             prompt = req.prompt if req.raw or req.messages is None else self.llm.tokenizer.apply_chat_template(
                 req.messages, tokenize=False, add_generation_prompt=True)
-            async for ev in stream_events(req.id, self.llm.generate_async(prompt, params, streaming=True), t_received):
+            n_prompt = len(self.llm.tokenizer.encode(prompt, add_special_tokens=False))
+            room = self.cfg.n_ctx - n_prompt
+            if room <= 0 or (req.max_tokens is not None and req.max_tokens > room):
+                raise ContextOverflow(
+                    f"the prompt is {n_prompt} tokens and max_tokens {req.max_tokens}, but the context holds "
+                    f"{self.cfg.n_ctx}: shorten the prompt or ask for at most {max(room, 0)} tokens", "max_tokens")
+            ns = {name: getattr(llmapi, name) for name in dir(llmapi) if not name.startswith("_")}
+            params = SamplingParams(**materialize(sampling_kwargs(req, room), ns))
+            output = self.llm.generate_async(prompt, params, streaming=True)
+            self._outputs[req.id] = output
+            async for ev in stream_events(req.id, output, t_received):
                 self._events.put(ev)
         except asyncio.CancelledError:
             self._events.put(FinalEvent(req.id, "cancelled", Usage(0, 0, 0, 0.0, 0.0, 0.0)))
@@ -233,6 +333,11 @@ class TensorRTEngine:
                          "use a GGUF model for embeddings", "model")
 
     def cancel(self, request_id: str) -> None:
+        """Abort the request inside TensorRT-LLM (its RequestOutput), then end our task: cancelling
+        only the task would leave the request generating on the GPU."""
+        output = self._outputs.get(request_id)
+        if output is not None:
+            self._loop.call_soon_threadsafe(output.abort)
         task = self._active.get(request_id)
         if task is not None:
             self._loop.call_soon_threadsafe(task.cancel)

@@ -138,6 +138,7 @@ class Run:
     t_first: float | None = None
     gaps: list[float] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)  # TokenLogprob per sampled token, when asked for
+    backend: str = "llama.cpp"  # the engine that serves the model (metric label, cache key)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iter()
@@ -182,7 +183,7 @@ class Run:
                     "prompt_tokens": u.prompt_tokens if u else None, "cached_tokens": u.cached_tokens if u else None,
                     "completion_tokens": u.completion_tokens if u else None})
                 self.metrics.observe(self.model, self.api, outcome, ttft, self.gaps, end - self.t_start,
-                                     self.final.usage if self.final else None, self.cache)
+                                     self.final.usage if self.final else None, self.cache, self.backend)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -226,6 +227,16 @@ async def _replay(req: GenerationRequest, hit: Cached) -> AsyncIterator[Event]:
     yield FinalEvent(req.id, hit.finish_reason, hit.usage)
 
 
+def engine_of(request: Request, name: str) -> str:
+    """The engine serving `name` as the backend choice says ("llama.cpp", or "tensorrt:fp8"...), so
+    replies of one engine are never served for another and metrics say which ran."""
+    try:
+        choice = request.app.state.scheduler.choice_for(name)
+    except LlmdError:  # an unknown model: reported where the request needs it
+        return "llama.cpp"
+    return choice.backend if choice.backend in ("llama.cpp", "none") else f"{choice.backend}:{choice.precision}"
+
+
 async def start_run(request: Request, model: str | None, req: GenerationRequest, api: str) -> Run:
     try:
         run = await _start(request, model, req)
@@ -233,10 +244,13 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
         outcome = "rejected" if e.status < 500 else "error"
         metrics = request.app.state.metrics
         name = model or request.app.state.scheduler.active_model
-        metrics.requests.labels(name if metrics.is_model(name) else "(unregistered)", "llama.cpp", api, outcome).inc()
+        known = metrics.is_model(name)
+        metrics.requests.labels(name if known else "(unregistered)", engine_of(request, name) if known else "-",
+                                api, outcome).inc()
         raise
     run.api = api
     run.metrics = request.app.state.metrics
+    run.backend = engine_of(request, run.model).split(":")[0]
     return run
 
 
@@ -266,7 +280,7 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     status = "bypass"
     no_store = "no-store" in request.headers.get("cache-control", "").lower()
     if cache is not None and not no_store and cacheable(req):
-        key = cache_key(req, state.registry.get(name), "llama.cpp")
+        key = cache_key(req, state.registry.get(name), engine_of(request, name))
         hit = await asyncio.to_thread(cache.get, key)  # SQLite off the event loop
         if hit is not None:
             events = _replay(req, hit)

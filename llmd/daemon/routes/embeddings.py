@@ -26,6 +26,7 @@ from llmd.daemon.routes._common import canonical_name, parse_body
 from llmd.errors import BadRequest
 
 MAX_INPUTS = 2048  # as OpenAI's limit per request
+BATCH = 16  # inputs per worker command: the engine embeds them between generation steps
 
 
 class OpenAIBody(BaseModel):
@@ -79,10 +80,13 @@ async def embed(request: Request, model: str | None, inputs: list[str | tuple[in
         hits = await asyncio.to_thread(lambda: [cache.get(k) for k in keys])
         found = {i: (base64.b64decode(h.pieces[0]), h.usage.prompt_tokens) for i, h in enumerate(hits) if h}
     todo = [i for i in range(len(inputs)) if i not in found]
-    if todo:
-        result = await state.scheduler.embed(name, EmbedRequest(uuid.uuid4().hex, tuple(inputs[i] for i in todo),
+    fresh: dict[int, tuple[bytes, int]] = {}
+    for at in range(0, len(todo), BATCH):  # in batches: generation runs between them, and the heartbeat
+        part = todo[at:at + BATCH]
+        result = await state.scheduler.embed(name, EmbedRequest(uuid.uuid4().hex, tuple(inputs[i] for i in part),
                                                                 truncate))
-        fresh = dict(zip(todo, zip(result.vectors, result.tokens, strict=True), strict=True))
+        fresh.update(zip(part, zip(result.vectors, result.tokens, strict=True), strict=True))
+    if fresh:
         if cache is not None and not no_store:
             def store() -> None:
                 for i, (vec, n) in fresh.items():

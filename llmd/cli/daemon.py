@@ -1,0 +1,247 @@
+"""Daemon commands: serve, start, stop, status, ps, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from llmd.cli._common import AddCommand, client_of, mib, print_json, settings_of
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from llmd.daemon.server import serve
+    from llmd.logs import setup
+
+    settings = settings_of(args, model=args.model, ctx=args.ctx, slots=args.slots, backend=args.backend)
+    setup(settings.paths.log_file)
+    logging.getLogger("llmd.server").info("settings", extra={"settings": settings.as_dict()})
+    serve(settings)
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Start the daemon detached; return once it is healthy, or say why not."""
+    from llmd.client import DaemonNotRunning
+
+    settings = settings_of(args)
+    client = client_of(args)
+    try:
+        client.health()
+        print(f"llmd is already running at {settings.base_url}")
+        return 0
+    except DaemonNotRunning:
+        pass
+    settings.paths.ensure()
+    log_path = settings.paths.logs / "daemon.out"
+    cmd = [sys.executable, "-m", "llmd", "serve"]
+    if args.host:
+        cmd += ["--host", args.host]
+    if args.port:
+        cmd += ["--port", str(args.port)]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+            print(f"llmd: the daemon exited with code {proc.returncode}:\n  " + "\n  ".join(tail), file=sys.stderr)
+            return 1
+        try:
+            client.health()
+            print(f"llmd started at {settings.base_url} (pid {proc.pid}); logs in {log_path}")
+            return 0
+        except DaemonNotRunning:
+            time.sleep(0.1)
+    print(f"llmd: the daemon did not answer within {args.timeout:.0f}s; see {log_path}", file=sys.stderr)
+    return 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    settings = settings_of(args)
+    pid_file = settings.paths.pid_file
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        print(f"llmd is not running (no pid file at {pid_file})")
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pid_file.unlink(missing_ok=True)
+        print("llmd was not running (removed a stale pid file)")
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print(f"llmd stopped (pid {pid})")
+            return 0
+        time.sleep(0.1)
+    print(f"llmd: pid {pid} did not stop within {args.timeout:.0f}s; `kill -9 {pid}` forces it", file=sys.stderr)
+    return 1
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Runs here, without the daemon: the same probe and choice the daemon makes."""
+    from llmd.backends.select import choose, formats_of, probe
+    from llmd.config import SETTINGS
+    from llmd.models.registry import Registry
+
+    settings = settings_of(args)
+    settings.paths.ensure()
+    p = probe()
+    registry = Registry(settings.paths.registry_db, settings.paths.models_dir)
+    registry.sync_packaged()
+    row = registry.get(settings.model)
+    override = None if settings.backend == "auto" else settings.backend
+    choice = choose(p, formats_of(row, settings.ctx, settings.slots), override)
+    from llmd.backends.repack import RepackRecord
+
+    record = RepackRecord(settings.paths.repack_record)
+    repack = record.decide(settings.repack, (row["quantization"],)) if row["format"] == "gguf" else None
+    from llmd.models.importers import find_all
+
+    registered = {r["path"] for r in registry.list()}
+    elsewhere = [f for f in find_all() if not f.skip and str(f.path.resolve()) not in registered]
+    if args.json:
+        return print_json({"machine": p.as_dict(), "model": settings.model, "choice": choice.as_dict(),
+                           "not_imported": [f.as_dict() for f in elsewhere],
+                            "repack": {"mode": settings.repack, "kind": record.kind,
+                                       "decision": repack.as_dict() if repack else None, "records": record.here()},
+                            "settings": settings.as_dict()})
+    gib = 1024**3
+    print(f"machine:  {p.os}, {p.arch}, {p.cpu} ({p.physical_cores} cores / {p.logical_cores} threads; "
+          f"{', '.join(p.cpu_features) or 'no SIMD flags read'})")
+    print(f"memory:   {p.ram_available / gib:.1f} GiB available of {p.ram_total / gib:.1f} GiB")
+    if p.gpus:
+        for g in p.gpus:
+            print(f"gpu:      {g.name}, compute capability {g.compute_capability[0]}.{g.compute_capability[1]}, "
+                  f"{g.free_vram / gib:.1f} of {g.total_vram / gib:.1f} GiB free, driver {g.driver}")
+    else:
+        print(f"gpu:      none ({p.nvml})")
+    print(f"tensorrt_llm: {p.tensorrt_llm or 'not installed'}" + (f" ({p.tensorrt_llm_error})"
+                                                                  if p.tensorrt_llm_error else ""))
+    print(f"llama.cpp GPU offload: {'yes' if p.llama_gpu_offload else 'no (CPU build)'}")
+    print(f"\nfor {settings.model}: {choice.backend} {choice.precision}"
+          + (f", {choice.gpu_layers} layers on {choice.gpu}" if choice.gpu_layers else ""))
+    for r in choice.reasons:
+        print(f"  because {r}")
+    for option, why in choice.rejected:
+        print(f"  not {option}: {why}")
+    if repack is not None:
+        print(f"weight repacking ({record.kind}): {'on' if repack.repack else 'off'} ({repack.reason})")
+    for entry in record.here():
+        print(f"  recorded {entry.get('when')}: {entry.get('reason')} [{entry.get('file_type')}, "
+              f"llama-cpp-python {entry.get('llama_cpp')}]")
+    if elsewhere:
+        by = {src: sum(f.source == src for f in elsewhere) for src in ("ollama", "lmstudio", "hf")}
+        print(f"\nfound {len(elsewhere)} models downloaded by other tools and not registered ("
+              + ", ".join(f"{k}: {v}" for k, v in by.items() if v) + "); `llmd models import` registers them "
+              "in place, without copying")
+    print("\nsettings:")
+    values = settings.as_dict()
+    for s in SETTINGS:
+        print(f"  {s.env:<24} {values[s.name]!r}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = client_of(args).status()
+    if args.json:
+        return print_json(status)
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"llmd {status['version']} [green]running[/] at {status['address']}, pid {status['pid']}, "
+                  f"up {status['uptime_s']:.0f}s")
+    b = status["backend"]
+    console.print(f"backend: {b['name']} ({b['precision']}): {b['reason']}")
+    console.print(f"active model: {status['active_model']}; requests running or queued: "
+                  f"{status['requests_in_flight']} (limit {status['capacity']}); "
+                  f"memory available: {mib(status['memory_available'])}")
+    console.print(f"speculation for requests that name none: {status.get('speculation', '?')}")
+    table = Table("model", "pid", "memory", "slots busy", "queued", "ctx/slot", "step ms", "unloads")
+    for m in status["loaded"]:
+        st = m.get("stats") or {}
+        exp = m.get("expires_at")
+        table.add_row(m["name"], str(m["pid"]), mib(m.get("memory_estimate", {}).get("total")),
+                      f"{st.get('slots_busy', '?')}/{st.get('slots', '?')}", str(st.get("waiting", "?")),
+                      str(m.get("n_ctx")), str(st.get("step_ms_p50")),
+                      "never" if exp is None else f"in {max(0, exp - time.time()):.0f}s")
+    console.print(table if status["loaded"] else "no model loaded")
+    for m in status["loaded"]:
+        spec = (m.get("stats") or {}).get("speculation")
+        if spec:
+            console.print(f"{m['name']}: draft model {m.get('draft') or 'none'}; accepted drafts: "
+                          + _acceptance(spec))
+        rp = m.get("repack") or {}
+        console.print(f"{m['name']}: {m.get('policy', '?')} batching policy; weight repacking "
+                      f"{'on' if rp.get('repack') else 'off'} ({rp.get('reason', '?')})")
+    for name, why in (status.get("unavailable") or {}).items():
+        console.print(f"[red]{name} unavailable[/]: {why}")
+    if args.verbose:
+        for m in status["loaded"]:
+            prof = (m.get("stats") or {}).get("profile") or {}
+            if not prof.get("enabled"):
+                console.print(f"{m['name']}: profiling is off (start the daemon with LLMD_PROFILE=1)")
+                continue
+            console.print(f"{m['name']}: per-step timing")
+            for name, p in prof.items():
+                if name != "enabled":
+                    console.print(f"  {name:12} {p['count']:8d} x {p['mean_ms']:8.3f} ms = {p['total_s']:.2f} s")
+    return 0
+
+
+def _acceptance(spec: dict[str, Any]) -> str:
+    """'ngram 87% of 94, draft none yet': accepted share of drafted tokens since the model loaded."""
+    parts = []
+    for kind in ("ngram", "draft"):
+        k = spec.get(kind) or {}
+        parts.append(f"{kind} {k['accepted'] / k['drafted']:.0%} of {k['drafted']}" if k.get("drafted")
+                     else f"{kind} none yet")
+    return ", ".join(parts)
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    loaded = client_of(args).status()["loaded"]
+    if args.json:
+        return print_json(loaded)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "pid", "memory", "processor", "context", "until")
+    for m in loaded:
+        exp = m.get("expires_at")
+        gpu = m.get("gpu_layers") or 0
+        table.add_row(m["name"], str(m["pid"]), mib(m.get("memory_estimate", {}).get("total")),
+                      "100% CPU" if not gpu else f"{gpu} layers GPU", str(m.get("n_ctx")),
+                      "forever" if exp is None else time.strftime("%H:%M:%S", time.localtime(exp)))
+    Console().print(table)
+    return 0
+
+
+def register(cmd: AddCommand) -> None:
+    s = cmd("serve", cmd_serve, "run the daemon in the foreground")
+    s.add_argument("--model", help="model to load at start (LLMD_MODEL)")
+    s.add_argument("--ctx", type=int, help="context per slot, tokens (LLMD_CTX)")
+    s.add_argument("--slots", type=int, help="concurrent sequences (LLMD_SLOTS)")
+    s.add_argument("--backend", choices=["auto", "llama.cpp", "tensorrt"], help="engine (LLMD_BACKEND)")
+    s = cmd("doctor", cmd_doctor, "probe this machine and show which backend llmd picks, and why")
+    s.add_argument("--json", action="store_true")
+    s = cmd("start", cmd_start, "start the daemon in the background; returns once it answers")
+    s.add_argument("--timeout", type=float, default=120.0)
+    s = cmd("stop", cmd_stop, "stop the daemon")
+    s.add_argument("--timeout", type=float, default=30.0)
+    s = cmd("status", cmd_status, "daemon, loaded models, slots, backend and why")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--verbose", "-v", action="store_true", help="also per-step engine timing (LLMD_PROFILE=1)")
+    s = cmd("ps", cmd_ps, "loaded models")
+    s.add_argument("--json", action="store_true")
