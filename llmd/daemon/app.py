@@ -87,8 +87,10 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
                 preload.cancel()
             await sched.close()
 
+    from llmd.daemon import openapi
+
     routes = [*openai.routes, *ollama.routes, *embeddings.routes, *responses.routes, *anthropic.routes,
-              *control.routes]
+              *control.routes, *openapi.routes]
     return Starlette(
         routes=routes,
         middleware=[Middleware(SecurityMiddleware, settings=settings)],

@@ -126,22 +126,25 @@ class Registry:
             raise BadRequest(f"a model named {name!r} is already registered; pick another with --name", "name")
 
     def set_eval(self, name: str, result: dict[str, Any]) -> None:
-        self.get(name)
-        self.db.table("models").update(name, {"eval": json.dumps(result)})
+        self.db.table("models").update(self.get(name)["name"], {"eval": json.dumps(result)})
 
     def pair(self, target: str, draft: str | None, checked: bool = False) -> dict[str, Any]:
         """Make `draft` the target's draft model for speculation (None unpairs). Refused, with
         what differs, unless both are GGUF models with compatible vocabularies (`checked`: the
         caller ran check_pair already, off the thread that owns this registry)."""
         row = self.get(target)
-        if draft is not None and not checked:
-            check_pair(row, self.get(draft))
-        self.db.table("models").update(target, {"draft": draft})
-        return self.get(target)
+        if draft is not None:
+            draft_row = self.get(draft)
+            draft = draft_row["name"]  # `name:latest` is the model registered as `name`
+            if not checked:
+                check_pair(row, draft_row)
+        self.db.table("models").update(row["name"], {"draft": draft})
+        return self.get(row["name"])
 
     def remove(self, name: str) -> dict[str, Any]:
         """Unregister; delete the file only if llmd created it (never a user's or a package's file)."""
         row = self.get(name)
+        name = row["name"]  # `name:latest` is the model registered as `name`
         users = [r["name"] for r in self.db.table("models").rows_where("draft = ?", [name])]
         if users:
             raise BadRequest(f"{name} is the draft model of {', '.join(users)}; unpair it first "

@@ -82,7 +82,9 @@ def _check_extras(request: Request, body: BaseModel) -> None:
             raise BadRequest(f"{name}: {REFUSED[name]}", name)
     if extra.get("modalities") not in (None, ["text"]):
         raise BadRequest("modalities: llmd answers text only; send [\"text\"] or leave it out", "modalities")
-    unknown = sorted(n for n in extra if n not in IGNORED and n not in REFUSED)
+    # named in a header: only printable ASCII goes in one (others become ?), and only a few names
+    unknown = sorted("".join(c if " " <= c <= "~" else "?" for c in n)[:40]
+                     for n in extra if n not in IGNORED and n not in REFUSED)[:16]
     if unknown:
         request.state.ignored = unknown
         new = [n for n in unknown if n not in _seen_unknown]

@@ -24,29 +24,29 @@ from llmd.models.memory import available_bytes, estimate
 from llmd.models.registry import check_pair
 
 
-class _Pair(BaseModel):
+class PairBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
     draft: str | None = None  # None unpairs
 
 
-class _Speculation(BaseModel):
+class SpeculationBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     mode: SpeculationMode
 
 
-class _ModelRef(BaseModel):
+class ModelRefBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
 
 
-class _ClearCache(BaseModel):
+class ClearCacheBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     responses: bool = True
     prefixes: bool = True
 
 
-class _AddModel(BaseModel):
+class AddModelBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str = Field(min_length=1)
     name: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
@@ -106,7 +106,7 @@ async def show_model(request: Request) -> Response:
 
 async def add_model(request: Request) -> Response:
     _authorize(request)
-    body = await parse_body(request, _AddModel)
+    body = await parse_body(request, AddModelBody)
     # hashing a multi-GB file takes seconds: off the event loop, so every other route keeps answering
     row = await asyncio.to_thread(request.app.state.registry.add, Path(body.path), body.name)
     return JSONResponse(_describe(request, row), status_code=201)
@@ -124,14 +124,14 @@ async def remove_model(request: Request) -> Response:
 
 async def load_model(request: Request) -> Response:
     _authorize(request)
-    body = await parse_body(request, _ModelRef)
+    body = await parse_body(request, ModelRefBody)
     worker, load_s = await request.app.state.scheduler.worker_for(body.model, explicit=True)
     return JSONResponse({"model": body.model, "pid": worker.pid, "load_s": round(load_s, 3)})
 
 
 async def unload_model(request: Request) -> Response:
     _authorize(request)
-    body = await parse_body(request, _ModelRef)
+    body = await parse_body(request, ModelRefBody)
     request.app.state.registry.get(body.model)
     was_loaded = request.app.state.scheduler.unload(body.model)
     return JSONResponse({"model": body.model, "unloading": was_loaded})
@@ -139,7 +139,7 @@ async def unload_model(request: Request) -> Response:
 
 async def set_active(request: Request) -> Response:
     _authorize(request)
-    body = await parse_body(request, _ModelRef)
+    body = await parse_body(request, ModelRefBody)
     t0 = time.perf_counter()
     worker = await request.app.state.scheduler.set_active(body.model)
     return JSONResponse({"active_model": body.model, "pid": worker.pid,
@@ -150,20 +150,20 @@ async def pair_model(request: Request) -> Response:
     """Pair (or unpair) a draft model. A loaded target is unloaded, so that its next load, on the
     next request, brings the draft in; streams in flight finish first."""
     _authorize(request)
-    body = await parse_body(request, _Pair)
+    body = await parse_body(request, PairBody)
     registry = request.app.state.registry
     if body.draft is not None:  # reading two vocabularies takes a moment: not on the event loop
         await asyncio.to_thread(check_pair, registry.get(body.model), registry.get(body.draft))
     row = registry.pair(body.model, body.draft, checked=True)
-    reloading = request.app.state.scheduler.unload(body.model)
+    reloading = request.app.state.scheduler.unload(row["name"])
     request.app.state.scheduler.touch()
-    return JSONResponse({"model": body.model, "draft": row["draft"], "reloads": reloading})
+    return JSONResponse({"model": row["name"], "draft": row["draft"], "reloads": reloading})
 
 
 async def set_speculation(request: Request) -> Response:
     """The speculation mode for requests that name none (the tray's Speculation menu)."""
     _authorize(request)
-    body = await parse_body(request, _Speculation)
+    body = await parse_body(request, SpeculationBody)
     scheduler = request.app.state.scheduler
     scheduler.speculation = body.mode
     scheduler.touch()
@@ -187,7 +187,7 @@ async def cache_stats(request: Request) -> Response:
 
 async def cache_clear(request: Request) -> Response:
     _authorize(request)
-    body = await parse_body(request, _ClearCache) if await request.body() else _ClearCache()
+    body = await parse_body(request, ClearCacheBody) if await request.body() else ClearCacheBody()
     rc = request.app.state.response_cache
     out = {}
     if body.responses and rc is not None:

@@ -360,9 +360,10 @@ async def warm(request: Request) -> Response:
     the body of /v1/chat/completions or /v1/completions; answers the prompt and cached token counts."""
     raw = await request.body()
     try:
-        is_chat = "messages" in json.loads(raw or b"{}")
+        data = json.loads(raw or b"{}")
     except ValueError:
-        is_chat = True  # parse_body reports the bad JSON
+        data = {}  # parse_body reports the bad JSON
+    is_chat = not isinstance(data, dict) or "messages" in data or "prompt" not in data
     body: _Common = await parse_body(request, ChatBody if is_chat else CompletionBody)
     if isinstance(body, ChatBody):
         tools = tool_fields(body.tools, body.tool_choice, body.parallel_tool_calls, False)
