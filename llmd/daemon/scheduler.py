@@ -190,7 +190,7 @@ class Scheduler:
     async def _start(self, cfg: EngineConfig, backend: str) -> WorkerHandle:
         """A worker with the model loaded; a crash while loading counts toward the breaker and is
         raised as EngineCrashed with .signal set when a signal killed it."""
-        worker = self._take_standby(cfg, backend)
+        worker = await self._take_standby(cfg, backend)
         try:
             await worker.wait_loaded()
         except EngineCrashed as e:
@@ -248,9 +248,10 @@ class Scheduler:
                      self.choices[name].reason)
         return self.choices[name]
 
-    def _take_standby(self, cfg: EngineConfig, backend: str) -> WorkerHandle:
+    async def _take_standby(self, cfg: EngineConfig, backend: str) -> WorkerHandle:
         """The standby worker (interpreter and llama_cpp already loaded) if there is one, else a new
-        worker; then start the next standby so the following switch is fast too."""
+        worker; then start the next standby so the following switch is fast too. Process spawns
+        run in a thread: the event loop keeps serving while they start."""
         loop = asyncio.get_running_loop()
         worker = self._standby
         self._standby = None
@@ -259,9 +260,13 @@ class Scheduler:
         else:
             if worker is not None:
                 loop.run_in_executor(None, worker.shutdown)
-            worker = self._factory(backend, cfg, loop, self._on_exit)
+            worker = await asyncio.to_thread(self._factory, backend, cfg, loop, self._on_exit)
         if self.settings.standby:
-            self._standby = self._factory(backend, None, loop, self._on_exit)
+            standby = await asyncio.to_thread(self._factory, backend, None, loop, self._on_exit)
+            if self._standby is None:
+                self._standby = standby
+            else:  # another load made one meanwhile
+                loop.run_in_executor(None, standby.shutdown)
         return worker
 
     def _on_exit(self, worker: WorkerHandle) -> None:
