@@ -43,7 +43,7 @@ def test_schemathesis_finds_no_server_errors(tmp_path: Path):
              # the event stream never ends; load/unload churn workers without finding anything new
              "--exclude-path", "/llmd/events", "--exclude-path", "/llmd/models/load",
              "--exclude-path", "/llmd/models/unload"],
-            capture_output=True, text=True, timeout=900)
+            capture_output=True, text=True, timeout=900, cwd=tmp_path)  # its cache dir goes there
         assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
         assert httpx.get(d.url + "/llmd/health", timeout=10).status_code == 200
     finally:
