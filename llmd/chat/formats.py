@@ -12,18 +12,6 @@ from typing import Literal
 
 ToolFormat = Literal["hermes", "llama3", "mistral", "gemma", "generic"]
 
-# what each native format looks like, for README and /api/show
-FORMAT_HELP: dict[str, str] = {
-    "hermes": "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> (Hermes, Qwen 2.5/3)",
-    "llama3": "{\"name\": ..., \"parameters\": ...} or <|python_tag|> (Llama 3.1-3.3)",
-    "mistral": "[TOOL_CALLS][{\"name\": ..., \"arguments\": ...}] (Mistral, Mixtral, Nemo)",
-    "gemma": "<start_function_call>call:NAME{...}<end_function_call> (FunctionGemma), "
-             "<|tool_call>call:NAME{...}<tool_call|> (Gemma 4)",
-    "generic": "{\"tool_calls\": [...]} or {\"response\": ...}, described in a system message and held "
-               "to a grammar (templates without tool support)",
-}
-
-
 @dataclass(frozen=True)
 class ChatFormat:
     tools: ToolFormat

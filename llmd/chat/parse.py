@@ -321,6 +321,12 @@ class ReplyParser:
         return self.reply
 
 
+def reply_parser(fmt: ChatFormat, tools: bool) -> ReplyParser | None:
+    """A parser when the reply may hold tool calls or reasoning; None when its text is the content
+    as it is (no per-token work for a plain chat)."""
+    return ReplyParser(fmt, tools) if tools or fmt.thinking else None
+
+
 def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
     """How many trailing characters of `text` could begin one of `markers`."""
     best = 0

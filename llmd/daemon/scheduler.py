@@ -352,8 +352,8 @@ class Scheduler:
             now = time.monotonic()
             wait = 1.0
             for name, worker in list(self.workers.items()):
-                silent = worker.silent_for() if hasattr(worker, "silent_for") else 0.0
-                if silent > self.settings.hang_s and getattr(worker, "hung_for", None) is None:
+                silent = worker.silent_for()
+                if silent > self.settings.hang_s and worker.hung_for is None:
                     worker.kill_hung(silent)
                     continue
                 keep = self._keep.get(name, self.keep_alive)

@@ -94,3 +94,12 @@ def read_checkpoint(folder: Path) -> Checkpoint:
         quantization=quant, has_chat_template=tok.is_file() and "chat_template" in _json(tok), size=size,
         digest="sha256:" + h.hexdigest(),
     )
+
+
+def chat_template(folder: Path) -> str | None:
+    """The chat template a Hugging Face checkpoint's tokenizer_config.json carries, if any."""
+    try:
+        template = _json(folder / "tokenizer_config.json").get("chat_template")
+    except CheckpointError:
+        return None
+    return template if isinstance(template, str) else None

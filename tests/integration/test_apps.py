@@ -194,7 +194,7 @@ def test_anthropic_messages(http: httpx.Client):
     follow = [*ASK, {"role": "assistant", "content": m["content"]},
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "sunny"}]}]
     with http.stream("POST", "/v1/messages", json={"max_tokens": 15, "messages": follow, "tools": tools,
-                                                   "stream": True}) as r:
+                                                   "stream": True, "temperature": 0}) as r:
         kinds = [line[7:] for line in r.iter_lines() if line.startswith("event: ")]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
     n = http.post("/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
@@ -239,8 +239,11 @@ def test_fields_not_done_are_refused_or_named(http: httpx.Client):
 
 def test_json_schema_replies_are_valid_json(http: httpx.Client):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    checked = 0
     for seed in range(4):
         out = _chat(http, messages=[{"role": "user", "content": "Name a city"}], temperature=1.0, seed=seed,
                     max_tokens=120, response_format={"type": "json_schema", "json_schema": {"schema": schema}})
-        if out["choices"][0]["finish_reason"] == "stop":
+        if out["choices"][0]["finish_reason"] == "stop":  # a reply cut at max_tokens is unfinished JSON
             jsonschema.validate(json.loads(out["choices"][0]["message"]["content"]), schema)
+            checked += 1
+    assert checked >= 2, "most replies should end on their own"

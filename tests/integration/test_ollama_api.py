@@ -51,7 +51,7 @@ def test_generate_with_stop_and_seed(http: httpx.Client):
 def test_generate_json_format(http: httpx.Client):
     body = http.post("/api/generate", json={
         "model": MODEL, "prompt": "Reply with a JSON object with the keys name and age of a dog.", "format": "json",
-        "stream": False, "options": {"temperature": 0, "num_predict": 200}}).json()
+        "stream": False, "options": {"temperature": 0, "num_predict": 400}}).json()
     assert body["done_reason"] == "stop", body
     assert isinstance(json.loads(body["response"]), dict)
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},

@@ -43,11 +43,15 @@ def load_model(path: str, gpu_layers: int = 0, repack: bool = True, what: str = 
 
 
 def new_context(model: Any, n_ctx: int, n_batch: int, n_seq: int, threads: int, unified: bool = True,
-                n_ubatch: int | None = None) -> Any:
-    """A context with flash attention; None when llama.cpp cannot allocate it."""
+                n_ubatch: int | None = None, pooling: int | None = None) -> Any:
+    """A context with flash attention; None when llama.cpp cannot allocate it. With `pooling` (a
+    LLAMA_POOLING_TYPE_*; UNSPECIFIED: the model's own) it computes embeddings instead of logits."""
     import llama_cpp as L
 
     cp = L.llama_context_default_params()
+    if pooling is not None:
+        cp.embeddings = True
+        cp.pooling_type = pooling
     cp.n_ctx = n_ctx
     cp.n_batch = n_batch
     cp.n_ubatch = n_ubatch or n_batch

@@ -14,12 +14,12 @@ from typing import Any
 
 from llmd.backends.base import EmbedRequest, EmbedResult
 from llmd.backends.llamacpp.batch import put
-from llmd.backends.llamacpp.context import physical_cores, tokenize
+from llmd.backends.llamacpp.context import Decoder, new_context, tokenize
 from llmd.errors import BadRequest, ContextOverflow, EngineError
 
 
 class Embedder:
-    def __init__(self, model: Any, vocab: Any, n_ctx: int, threads: int) -> None:
+    def __init__(self, model: Any, vocab: Any, n_ctx: int, threads: int, repack: bool = True) -> None:
         import llama_cpp as L
 
         self._L = L
@@ -28,18 +28,11 @@ class Embedder:
         self.dim = int(L.llama_model_n_embd(model))
         self.add_bos = bool(L.llama_vocab_get_add_bos(vocab))
         self.n_vocab = int(L.llama_vocab_n_tokens(vocab))
-        cp = L.llama_context_default_params()
-        cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx  # a pooled input must fit one micro-batch
-        cp.n_seq_max = 1
-        cp.embeddings = True
-        # pooling UNSPECIFIED (the default): the model's own, if it declares one
-        cp.n_threads = cp.n_threads_batch = threads or physical_cores()
-        cp.no_perf = True
-        ctx = L.llama_init_from_model(model, cp)
+        # a pooled input must fit one micro-batch; pooling UNSPECIFIED: the model's own, if it has one
+        ctx = new_context(model, n_ctx, n_ctx, 1, threads, pooling=L.LLAMA_POOLING_TYPE_UNSPECIFIED)
         if ctx and L.llama_pooling_type(ctx) == L.LLAMA_POOLING_TYPE_NONE:
             L.llama_free(ctx)
-            cp.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
-            ctx = L.llama_init_from_model(model, cp)
+            ctx = new_context(model, n_ctx, n_ctx, 1, threads, pooling=L.LLAMA_POOLING_TYPE_MEAN)
         if not ctx:
             raise EngineError(f"llama.cpp could not create an embedding context of {n_ctx} tokens; "
                               "try a smaller LLMD_CTX")
@@ -47,6 +40,7 @@ class Embedder:
         self.pooling = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls",
                         L.LLAMA_POOLING_TYPE_LAST: "last"}.get(L.llama_pooling_type(ctx), "other")
         self.mem = L.llama_get_memory(ctx)
+        self._decode = Decoder(ctx, repack)  # the one decode path (and its test crash switch)
         self.batch = L.llama_batch_init(n_ctx, 0, 1)
 
     def tokens(self, item: str | tuple[int, ...], index: int, truncate: bool) -> list[int]:
@@ -73,7 +67,7 @@ class Embedder:
             for i, t in enumerate(toks):
                 put(self.batch, i, t, i, 0, True)
             self.batch.n_tokens = len(toks)
-            if L.llama_decode(self.ctx, self.batch) != 0:
+            if self._decode(self.batch) != 0:
                 raise EngineError(f"llama.cpp could not embed an input of {len(toks)} tokens")
             ptr = L.llama_get_embeddings_seq(self.ctx, 0)
             if not ptr:

@@ -183,7 +183,7 @@ class LlamaCppEngine:
     def embed(self, req: EmbedRequest) -> EmbedResult:
         if self.embedder is None:  # its own context, made at the first embedding request
             n_ctx = min(self.cfg.n_ctx, int(self._L.llama_model_n_ctx_train(self.model)) or self.cfg.n_ctx)
-            self.embedder = Embedder(self.model, self.vocab, n_ctx, self.threads)
+            self.embedder = Embedder(self.model, self.vocab, n_ctx, self.threads, self.cfg.repack)
         return self.embedder.embed(req)
 
     def cancel(self, request_id: str) -> None:

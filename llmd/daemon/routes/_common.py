@@ -316,16 +316,12 @@ _formats: dict[tuple[str, str], ChatFormat] = {}
 def _template_of(row: dict[str, Any]) -> str | None:
     from pathlib import Path
 
+    from llmd.models.checkpoint import chat_template
     from llmd.models.gguf import read_gguf
 
     if row["format"] == "gguf":
         return read_gguf(row["path"]).chat_template
-    config = Path(row["path"]) / "tokenizer_config.json"  # a Hugging Face checkpoint (TensorRT-LLM)
-    try:
-        template = json.loads(config.read_text()).get("chat_template")
-    except (OSError, ValueError):
-        return None
-    return template if isinstance(template, str) else None
+    return chat_template(Path(row["path"]))  # a Hugging Face checkpoint (TensorRT-LLM)
 
 
 async def chat_format(request: Request, model: str) -> ChatFormat:

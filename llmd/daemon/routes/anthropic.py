@@ -163,7 +163,7 @@ class _Blocks:
         self.blocks: list[dict[str, Any]] = []
         self.open: str | None = None
 
-    def _close(self) -> list[bytes]:
+    def close(self) -> list[bytes]:
         if self.open is None:
             return []
         self.open = None
@@ -173,7 +173,7 @@ class _Blocks:
         evs = []
         key = "thinking" if kind == "thinking" else "text"
         if self.open != kind:
-            evs += self._close()
+            evs += self.close()
             block = {"type": kind, key: ""} if kind == "text" else {"type": kind, key: "", "signature": ""}
             self.blocks.append(block)
             self.open = kind
@@ -190,7 +190,7 @@ class _Blocks:
         if d.content:
             evs += self._text("text", d.content)
         for c in d.tool_calls:
-            evs += self._close()
+            evs += self.close()
             block = {"type": "tool_use", "id": "toolu_" + c.id.removeprefix("call_"), "name": c.name,
                      "input": c.arguments_object}
             self.blocks.append(block)
@@ -240,7 +240,7 @@ async def messages(request: Request) -> Response:
         except LlmdError as err:
             yield _sse("error", {"error": error_body("/v1/messages", err)["error"]})
             return
-        for e in blocks.add(parser.finish()) + blocks._close():
+        for e in blocks.add(parser.finish()) + blocks.close():
             yield e
         assert run.final is not None
         calls = any(b["type"] == "tool_use" for b in blocks.blocks)

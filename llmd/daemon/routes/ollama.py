@@ -21,7 +21,7 @@ from starlette.routing import Route
 from llmd import __version__
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent
 from llmd.chat.formats import detect
-from llmd.chat.parse import ReplyParser, ToolCall
+from llmd.chat.parse import ToolCall, reply_parser
 from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import (
     Run,
@@ -183,7 +183,7 @@ def _calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 
 async def _respond(run: Run, stream: bool, chat: bool) -> Response:
-    parser = ReplyParser(await chat_format(run.request, run.model), bool(run.req.tools)) \
+    parser = reply_parser(await chat_format(run.request, run.model), bool(run.req.tools)) \
         if run.request is not None else None
 
     def piece(text: str, reasoning: str = "", calls: list[ToolCall] | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
-from llmd.chat.parse import ReplyParser, ToolCall
+from llmd.chat.parse import ToolCall, reply_parser
 from llmd.chat.tools import check_choice
 from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import Run, chat_format, normalize_tools, parse_body, start_run, text_of
@@ -248,8 +248,8 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
     rid = ("chatcmpl-" if chat else "cmpl-") + run.req.id
     created = int(time.time())
     obj = "chat.completion" if chat else "text_completion"
-    parser = ReplyParser(await chat_format(run.request, run.model), bool(run.req.tools)
-                         and run.req.tool_choice != "none") if chat and run.request is not None else None
+    parser = reply_parser(await chat_format(run.request, run.model), bool(run.req.tools)
+                          and run.req.tool_choice != "none") if chat and run.request is not None else None
     if not body.stream:
         text, final = await run.collect(run.request)
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(final.finish_reason), "logprobs": None}
@@ -300,7 +300,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
             async for ev in run:
                 if isinstance(ev, TokenEvent):
                     if parser is None:
-                        yield _sse(chunk(ev.text, None, ev.logprobs))
+                        yield _sse(chunk({"content": ev.text} if chat else ev.text, None, ev.logprobs))
                         continue
                     d = parser.feed(ev.text)
                     if d.reasoning:

@@ -9,6 +9,7 @@ with `previous_response_id` sees it. Streaming sends the API's semantic events.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -125,8 +126,6 @@ def _tools(body: ResponsesBody) -> tuple[list[dict[str, Any]] | None, str]:
             raise BadRequest("tool_choice must be none, auto, required or {\"type\": \"function\", \"name\": ...}",
                              "tool_choice")
         choice = name
-    if choice not in ("none", "auto", "required") and not tools:
-        raise BadRequest(f"tool_choice is {choice!r} but the request offers no tools", "tool_choice")
     check_choice(tools, choice)
     return tools, choice
 
@@ -145,8 +144,7 @@ def _response_format(body: ResponsesBody) -> dict[str, Any] | None:
 class _Output:
     """Builds the output items, in order, from parser deltas; yields the stream events for each."""
 
-    def __init__(self, rid: str) -> None:
-        self.rid = rid
+    def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None
         self.seq = 0
@@ -275,7 +273,7 @@ async def create(request: Request) -> Response:
     store = request.app.state.stored_responses
     history: list[dict[str, Any]] = []
     if body.previous_response_id:
-        found = await _run_off_loop(store.get, body.previous_response_id) if store else None
+        found = await asyncio.to_thread(store.get, body.previous_response_id) if store else None
         if found is None:
             raise NotFound(f"no stored response {body.previous_response_id!r}: it was never stored (store: false), "
                            "was deleted, or is older than 30 days", "previous_response_id")
@@ -296,11 +294,11 @@ async def create(request: Request) -> Response:
     rid = "resp_" + req.id
     created = int(time.time())
     parser = ReplyParser(await chat_format(request, run.model), bool(tools) and choice != "none")
-    out = _Output(rid)
+    out = _Output()
 
     async def remember(resp: dict[str, Any]) -> None:
         if body.store and store is not None:
-            await _run_off_loop(store.put, rid, run.model, conversation + _reply_messages(resp["output"]), resp)
+            await asyncio.to_thread(store.put, rid, run.model, conversation + _reply_messages(resp["output"]), resp)
 
     if not body.stream:
         text, final = await run.collect(request)
@@ -336,16 +334,10 @@ async def create(request: Request) -> Response:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **run.headers})
 
 
-async def _run_off_loop(fn: Any, *args: Any) -> Any:
-    import asyncio
-
-    return await asyncio.to_thread(fn, *args)
-
-
 async def get(request: Request) -> Response:
     store = request.app.state.stored_responses
     rid = request.path_params["id"]
-    found = await _run_off_loop(store.get, rid) if store else None
+    found = await asyncio.to_thread(store.get, rid) if store else None
     if found is None:
         raise NotFound(f"no stored response {rid!r}", "id")
     return JSONResponse(found[1])
@@ -354,7 +346,7 @@ async def get(request: Request) -> Response:
 async def delete(request: Request) -> Response:
     store = request.app.state.stored_responses
     rid = request.path_params["id"]
-    if store is None or not await _run_off_loop(store.delete, rid):
+    if store is None or not await asyncio.to_thread(store.delete, rid):
         raise NotFound(f"no stored response {rid!r}", "id")
     return JSONResponse({"id": rid, "object": "response", "deleted": True})
 
