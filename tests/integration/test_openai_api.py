@@ -123,7 +123,7 @@ def test_json_schema_is_enforced(http: httpx.Client):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
     r = http.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "Invent a person."}], "max_tokens": 100, "temperature": 0,
+        "messages": [{"role": "user", "content": "Invent a person."}], "max_tokens": 300, "temperature": 0,
         "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}})
     obj = json.loads(r.json()["choices"][0]["message"]["content"])
     assert isinstance(obj["name"], str) and isinstance(obj["age"], int)
