@@ -229,3 +229,47 @@ def test_fast_restores_an_evicted_sequence_from_memory(tmp_path: Path):
         assert pc["memory_hits"] >= 1 and pc["memory_entries"] >= 1, pc
     finally:
         d.stop()
+
+
+def test_a_slow_disk_read_does_not_hold_other_streams(tmp_path: Path):
+    """A prefix entry read from disk (made to take 3 s by the test switch) is read off the step
+    thread: a stream running meanwhile keeps getting tokens, and the request is then served from
+    the entry."""
+    import threading
+    import time
+
+    home = tmp_path / "home"
+    env = {"LLMD_SLOTS": "2", "LLMD_PREFIX_MIN_TOKENS": "128"}
+    d = Daemon(home, env=env).start()
+    try:
+        chat(d, long_chat("Who saved the sailors in 1893?"), headers=NO_STORE)
+        deadline = time.monotonic() + 30
+        while httpx.get(d.url + "/llmd/cache").json()["prefixes"]["entries"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        d.stop()
+    d = Daemon(home, env={**env, "LLMD_TEST_SLOW_PREFIX_READ": "3"}, port=d.port).start()
+    try:
+        arrivals: list[float] = []
+        body = {"prompt": "1, 2, 3, 4, 5, 6,", "stream": True, "temperature": 0, "max_tokens": 400}
+
+        def stream() -> None:  # counting on: a raw completion that does not stop early
+            with httpx.stream("POST", d.url + "/v1/completions", json=body, headers=NO_STORE, timeout=300) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        arrivals.append(time.monotonic())
+
+        t = threading.Thread(target=stream)
+        t.start()
+        while len(arrivals) < 5:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        restored = chat(d, long_chat("Who saved the sailors in 1893?"), headers=NO_STORE)
+        t1 = time.monotonic()
+        t.join()
+        assert t1 - t0 >= 3  # it did wait for the read
+        assert cached_tokens(restored) >= 192  # and was served from the entry
+        during = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False) if t0 <= a and b <= t1]
+        assert len(during) >= 10 and max(during) < 1.5, during  # the stream went on meanwhile
+    finally:
+        d.stop()

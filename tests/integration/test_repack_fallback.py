@@ -113,6 +113,8 @@ def test_eval_trial_load_falls_back(tmp_path: Path):
 
 
 def test_status_without_crash_says_repack_on(http: httpx.Client):
+    # the shared daemon may have unloaded the model (an earlier test's keep_alive 0): load it
+    assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
     status = http.get("/llmd/status").json()
     assert status["repack"]["mode"] == "auto"
     rp = _active(status)["repack"]

@@ -5,7 +5,7 @@ remembers which tokens each sequence's KV holds. Only when asked to draft does i
 sequence in line with the slot's tokens, by dropping what differs (the target's rejections) and
 decoding what is missing (the prompt, the target's accepted tokens) in the same batch as the
 first drafted position: nothing is spent on the draft model while it is not drafting, and the
-prompt's catch-up delays the second token, not the first.
+prompt's catch-up delays the second token, not the first (a long one is spread over steps).
 Drafting runs all speculating slots in one batch per drafted position. Its numerics never
 touch the reply: every emitted token is still the target's own sample.
 """
@@ -25,6 +25,7 @@ from llmd.errors import EngineError
 log = logging.getLogger("llmd.draft")
 
 P_MIN = 0.3  # stop drafting a slot once the draft model's own top probability drops below this
+CATCHUP_STEP = 128  # most tokens a lagging sequence catches up by in one step (about one prefill budget)
 
 
 class DraftModel:
@@ -57,18 +58,11 @@ class DraftModel:
         return {"path": self.path, "n_vocab": self.n_vocab, "step_ms": round(self.step_s * 1000, 2),
                 "catchup_ms": round(self.catchup_s * 1000, 2)}
 
-    def sync(self, seq: int, tokens: list[int]) -> None:
-        """Make sequence `seq` hold exactly `tokens`, in batches of n_batch (a catch-up too long
-        to share the first drafting round's batch)."""
-        self._align(seq, tokens, len(tokens))
-        missing = tokens[len(self.seqs[seq]):]
-        for i in range(0, len(missing), self.n_batch):
-            part = missing[i:i + self.n_batch]
-            self._decode([(t, len(self.seqs[seq]) + j, seq, False) for j, t in enumerate(part)])
-            self.seqs[seq].extend(part)
-
     def propose(self, jobs: list[tuple[int, list[int], int]]) -> list[list[int]]:
-        """For each (seq, context ending with the slot's pending token, k): up to k greedy drafts."""
+        """For each (seq, context ending with the slot's pending token, k): up to k greedy drafts.
+        A sequence further behind than CATCHUP_STEP tokens (a whole prompt, say) catches up by that
+        much per call and drafts nothing until it is in line: one call never holds the step
+        thread, and so every other stream, for a whole prefill of the draft model."""
         out: list[list[int]] = [[] for _ in jobs]
         rows: list[tuple[int, int]] = []  # (job index, batch row whose logits give its next draft)
         batch: list[tuple[int, int, int, bool]] = []
@@ -78,13 +72,19 @@ class DraftModel:
             self._align(seq, ctx, len(ctx) - 1)  # always recompute the last token: its logits are needed
             have = self.seqs[seq]
             missing = ctx[len(have):]
-            if len(batch) + len(missing) > self.n_batch:  # a long catch-up: bring it in on its own
-                self.sync(seq, ctx[:-1])
-                missing = ctx[-1:]
+            if len(missing) > min(CATCHUP_STEP, self.n_batch - len(batch)):  # behind: one piece now, no drafts
+                part = missing[: max(0, min(CATCHUP_STEP, self.n_batch - len(batch)))]
+                batch.extend((t, len(have) + j, seq, False) for j, t in enumerate(part))
+                have.extend(part)
+                continue
             for j, t in enumerate(missing):
                 batch.append((t, len(have) + j, seq, j == len(missing) - 1))
             have.extend(missing)
             rows.append((i, len(batch) - 1))
+        if not rows:
+            if batch:
+                self._decode(batch)
+            return out
         catchup = len(batch) - len(rows)  # accepted tokens brought in beside the first drafting round
         first = True
         while rows and self._timed_decode(batch, catchup if first else -1):

@@ -27,6 +27,8 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from llmd.backends.base import (
@@ -53,7 +55,7 @@ from llmd.backends.llamacpp.context import (
 )
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
-from llmd.backends.llamacpp.prefix_cache import PrefixCache
+from llmd.backends.llamacpp.prefix_cache import Hit, PrefixCache
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for, grammar_for_tools, token_logprobs
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
@@ -134,6 +136,7 @@ class LlamaCppEngine:
         self.slots = [Slot(seq=i) for i in range(cfg.n_slots)]
         self.grid = ChunkGrid(cfg.chunk, self._is_eog)
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
+        self.reading: list[tuple[Active, Future[Hit | None]]] = []  # prepared, their prefix being read from disk
         self._step_times: deque[float] = deque(maxlen=256)
         self.requests_done = 0
         self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
@@ -191,16 +194,21 @@ class LlamaCppEngine:
             if req.id == request_id:
                 del self.waiting[i]
                 return
+        for i, (active, _) in enumerate(self.reading):
+            if active.req.id == request_id:
+                del self.reading[i]
+                active.sampler.close()
+                return
         for slot in self.slots:
             if slot.active is not None and slot.active.req.id == request_id:
                 slot.active.cancelled = True
 
     def has_work(self) -> bool:
-        return (bool(self.waiting) or any(s.active for s in self.slots) or self._idle_slot() is not None
-                or self._cost_pending())
+        return (bool(self.waiting) or bool(self.reading) or any(s.active for s in self.slots)
+                or self._idle_slot() is not None or self._cost_pending())
 
     def _cost_pending(self) -> bool:
-        return (self.spec.want_cost and not self.spec.cost and not self.waiting
+        return (self.spec.want_cost and not self.spec.cost and not self.waiting and not self.reading
                 and all(s.active is None for s in self.slots))
 
     def _load_draft(self) -> tuple[DraftModel | None, str]:
@@ -220,7 +228,7 @@ class LlamaCppEngine:
         return {
             "slots_busy": sum(1 for s in self.slots if s.active),
             "slots": len(self.slots),
-            "waiting": len(self.waiting),
+            "waiting": len(self.waiting) + len(self.reading),
             "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
             "requests_done": self.requests_done,
             # still to do when idle (snapshots being written included): benchmarks wait for it
@@ -234,6 +242,9 @@ class LlamaCppEngine:
     def close(self) -> None:
         """Save what the prefix cache still wants, wait for its writes, then free everything."""
         L = self._L
+        for active, _ in self.reading:
+            active.sampler.close()
+        self.reading.clear()
         if self.prefix is not None:
             for slot in self.slots:
                 if slot.active is None and self.prefix.wants(slot):
@@ -271,7 +282,10 @@ class LlamaCppEngine:
         elif prefilling or decoding:
             self._run_step(decoding, prefilling, events)
         if not prefilling and not decoding:
-            self._idle_work()
+            if self.reading:  # only disk reads in flight: wait a moment for one rather than spin
+                wait_futures([f for _, f in self.reading], timeout=0.002, return_when="FIRST_COMPLETED")
+            else:
+                self._idle_work()
         else:
             self._step_times.append(time.perf_counter() - t0)
         return events
@@ -282,40 +296,57 @@ class LlamaCppEngine:
                 self._finish(slot, "cancelled", events, flush=False)
 
     def _admit(self, events: list[Event]) -> None:
-        while self.waiting:
-            free = [s for s in self.slots if s.active is None]
-            if not free:
+        """Fill free slots: first requests whose prefix has been read from disk, then waiting ones.
+        A waiting request whose prefix is on disk waits for the read off the step thread, in
+        `reading`, while the other slots go on."""
+        while any(s.active is None for s in self.slots):
+            done = next((r for r in self.reading if r[1].done()), None)
+            if done is not None:
+                self.reading.remove(done)
+                active, read = done
+                hit = read.result() if read.exception() is None else None
+            elif self.waiting:
+                req, t_received = self.waiting.popleft()
+                try:
+                    active = self._prepare(req, t_received)
+                except LlmdError as e:
+                    events.append(ErrorEvent(req.id, e.to_wire()))
+                    continue
+                except Exception as e:  # a bug or a llama.cpp failure: fail this request, keep serving
+                    log.exception("preparing request %s failed", req.id)
+                    events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
+                    continue
+                found = self._lookup(active)
+                if isinstance(found, Future):
+                    self.reading.append((active, found))
+                    continue
+                hit = found
+            else:
                 return
-            req, t_received = self.waiting.popleft()
-            try:
-                active = self._prepare(req, t_received)
-            except LlmdError as e:
-                events.append(ErrorEvent(req.id, e.to_wire()))
-                continue
-            except Exception as e:  # a bug or a llama.cpp failure: fail this request, keep serving
-                log.exception("preparing request %s failed", req.id)
-                events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
-                continue
-            slot, reuse = self._place(active)
+            slot, reuse = self._place(active, hit)
             slot.truncate(self._L, self.mem, reuse)
             active.cached = active.pos = reuse
             active.t_admitted = time.perf_counter()
             slot.active = active
 
-    def _place(self, active: Active) -> tuple[Slot, int]:
-        """The free slot holding most of the prompt (else the least recently used), or one the
-        prefix cache restores more of it into; and how many prompt tokens it serves."""
+    def _lookup(self, active: Active) -> Hit | Future[Hit | None] | None:
+        """The prefix cache's entry for the prompt, when it would serve more than a free slot does."""
+        if self.prefix is None or not active.req.cache_prompt:
+            return None
+        live = max(self._reusable(s, active.prompt) for s in self.slots if s.active is None)
+        with self.profiler.span("prefix_lookup"):
+            return self.prefix.lookup(active.prompt, live)
+
+    def _place(self, active: Active, hit: Hit | None) -> tuple[Slot, int]:
+        """The free slot holding most of the prompt (else the least recently used), or the one the
+        prefix cache's `hit` is restored into when it serves more; and how many prompt tokens it serves."""
         free = [s for s in self.slots if s.active is None]
         if not active.req.cache_prompt:
             return min(free, key=lambda s: s.last_used), 0
         prompt = active.prompt
         slot = max(free, key=lambda s: (self._reusable(s, prompt), -s.last_used))
         reuse = self._reusable(slot, prompt)
-        if self.prefix is None:
-            return slot, reuse
-        with self.profiler.span("prefix_lookup"):
-            hit = self.prefix.lookup(prompt, reuse)
-        if hit is None:
+        if hit is None or self.prefix is None or hit.n <= reuse:
             return slot, reuse
         # restore into the free slot whose own KV serves this prompt least, oldest first
         target = min(free, key=lambda s: (self._reusable(s, prompt), s.last_used))
@@ -536,7 +567,7 @@ class LlamaCppEngine:
     def _idle_slot(self) -> Slot | None:
         """A free slot with work for an idle moment: (exact) a reply to re-prefill, or a snapshot
         for the prefix cache."""
-        if self.waiting:
+        if self.waiting or self.reading:
             return None
         if self.exact:
             for slot in self.slots:
@@ -606,11 +637,18 @@ class LlamaCppEngine:
 
     def _measure_cost(self) -> None:
         """Time verifying k drafts on this machine, in an idle slot (when every slot is free); its
-        cached prefix is given up once, for this measurement."""
+        cached prefix is given up once, for this measurement. A command arriving aborts it (it is
+        retried when idle again), so a request never waits for it."""
+        L = self._L
         scratch = self.slots[-1]
-        scratch.forget(self._L, self.mem)
-        self.spec.measure_cost(self._llama_decode, self.batch, self.mem, scratch.seq, self.bos if self.bos >= 0 else 0)
-        scratch.forget(self._L, self.mem)
+        scratch.forget(L, self.mem)
+        L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
+        try:
+            self.spec.measure_cost(self._llama_decode, self.batch, self.mem, scratch.seq,
+                                   self.bos if self.bos >= 0 else 0, lambda: bool(self.interrupt and self.interrupt()))
+        finally:
+            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
+            scratch.forget(L, self.mem)
 
     def _warm_up(self) -> None:
         """Run every kernel a request will, so one that crashes does so while loading (context.warm_up)."""

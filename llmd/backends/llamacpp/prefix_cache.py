@@ -6,8 +6,10 @@ A snapshot is taken when the engine is idle (or at shutdown), never on a request
 slot's state is copied once (`llama_state_seq_get_data`), kept in memory, and handed to the
 writer thread for disk. A lookup finds the deepest stored block of a prompt in either tier and,
 under the fast policy, extends the match token by token against the entry's own tokens; the
-exact policy restores only whole blocks of prefill-computed KV. The entry is read and checked
-before the target slot is touched, so a bad entry never costs the slot its live KV.
+exact policy restores only whole blocks of prefill-computed KV. A disk entry is read and
+checked on the reader thread (the lookup answers a Future; the engine keeps stepping the other
+slots meanwhile), and before the target slot is touched, so a bad entry never costs the slot its
+live KV.
 """
 
 from __future__ import annotations
@@ -15,11 +17,18 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmd.backends.llamacpp.prefix_store import PrefixStore, PrefixWriter, block_hashes, namespace
+from llmd.backends.llamacpp.prefix_store import (
+    PrefixReader,
+    PrefixStore,
+    PrefixWriter,
+    block_hashes,
+    namespace,
+)
 from llmd.backends.llamacpp.slots import Slot, common_prefix
 
 log = logging.getLogger("llmd.prefix_cache")
@@ -43,6 +52,7 @@ class PrefixCache:
         self.ns = namespace(model_digest, chunk, "exact" if exact else "fast")
         self.disk = PrefixStore(Path(root), max_bytes) if root and max_bytes > 0 else None
         self.writer = PrefixWriter(Path(root), max_bytes) if self.disk is not None else None
+        self.reader = PrefixReader(Path(root), max_bytes) if self.disk is not None else None
         self.ram_bytes = ram_bytes
         self._ram: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()  # entry -> (tokens, state), LRU
         self._ram_blocks: dict[str, tuple[str, int]] = {}  # block hash -> (entry, depth)
@@ -55,17 +65,20 @@ class PrefixCache:
 
     # ---- lookup and restore -----------------------------------------------------------------------
 
-    def lookup(self, prompt: list[int], live: int) -> Hit | None:
-        """The stored prefix serving the most of `prompt`, when it beats `live` tokens of reuse."""
+    def lookup(self, prompt: list[int], live: int) -> Hit | Future[Hit | None] | None:
+        """The stored prefix serving the most of `prompt`, when it beats `live` tokens of reuse: a
+        Hit from memory, a Future of one for a disk entry (read on the reader thread), or None."""
         n_blocks = (len(prompt) - 1) // self.chunk
         if n_blocks * self.chunk <= live:
             return None
         hashes = block_hashes(self.ns, prompt[: n_blocks * self.chunk], self.chunk)
-        hit = self._from_ram(hashes, prompt) or self._from_disk(hashes, prompt, live)
-        if hit is None:
+        hit = self._from_ram(hashes, prompt)
+        if hit is not None:
+            return hit if hit.n > live else None
+        pending = self._from_disk(hashes, prompt, live)
+        if pending is None:
             self.stats["misses"] += 1
-            return None
-        return hit if hit.n > live else None
+        return pending
 
     def _serves(self, tokens: list[int], prompt: list[int], depth: int) -> int:
         if self.exact:
@@ -81,31 +94,38 @@ class PrefixCache:
         self._ram.move_to_end(entry)
         return Hit("memory", entry, tokens, state, self._serves(tokens, prompt, depth))
 
-    def _from_disk(self, hashes: list[str], prompt: list[int], live: int) -> Hit | None:
-        if self.disk is None:
+    def _from_disk(self, hashes: list[str], prompt: list[int], live: int) -> Future[Hit | None] | None:
+        if self.disk is None or self.reader is None:
             return None
         try:
-            return self._read_disk(hashes, prompt, live)
+            match = self.disk.lookup(hashes)
         except Exception as e:  # a damaged index or an I/O error: serve without the disk tier
             self._disk_failed(e)
             return None
+        if match is None or match.depth * self.chunk <= live:  # not worth reading the file
+            return None
+        entry, depth = match.entry, match.depth
+        expect = prompt[: depth * self.chunk]
+
+        def read(store: PrefixStore) -> Hit | None:
+            try:
+                got = store.read(entry, expect)
+            except Exception as e:
+                log.warning("prefix cache: reading entry %s failed (%s: %s)", entry, type(e).__name__, e)
+                got = None
+            if got is None:
+                self.stats["dropped"] += 1
+                return None
+            tokens, state = got
+            hit = Hit("disk", entry, tokens, state, self._serves(tokens, prompt, depth))
+            return hit if hit.n > live else None
+
+        return self.reader.run(read)
 
     def _disk_failed(self, e: Exception) -> None:
         log.warning("prefix cache: the disk store failed (%s: %s); serving without it until the model reloads "
                     "(a damaged index is rebuilt then)", type(e).__name__, e)
         self.disk = None
-
-    def _read_disk(self, hashes: list[str], prompt: list[int], live: int) -> Hit | None:
-        assert self.disk is not None
-        match = self.disk.lookup(hashes)
-        if match is None or match.depth * self.chunk <= live:  # not worth reading the file
-            return None
-        got = self.disk.read(match.entry, prompt[: match.depth * self.chunk])
-        if got is None:
-            self.stats["dropped"] += 1
-            return None
-        tokens, state = got
-        return Hit("disk", match.entry, tokens, state, self._serves(tokens, prompt, match.depth))
 
     def restore(self, L: Any, ctx: Any, mem: Any, slot: Slot, hit: Hit) -> bool:
         """Load `hit` into `slot` and trim it to the tokens it serves. False (slot emptied, entry
@@ -198,5 +218,7 @@ class PrefixCache:
 
     def close(self) -> None:
         """Write every pending snapshot to disk (a graceful shutdown loses none)."""
+        if self.reader is not None:
+            self.reader.close()
         if self.writer is not None:
             self.writer.close(timeout=60.0)

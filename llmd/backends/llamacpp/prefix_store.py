@@ -22,9 +22,11 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlite_utils
 
@@ -32,6 +34,8 @@ from llmd.db import open_cache_db
 
 log = logging.getLogger("llmd.prefix_cache")
 MAGIC = b"LLMDKV1\n"
+T = TypeVar("T")
+SLOW_READ_ENV = "LLMD_TEST_SLOW_PREFIX_READ"  # test-only: seconds each disk read waits first
 
 
 def _m001_index(db: sqlite_utils.Database) -> None:
@@ -249,3 +253,27 @@ class PrefixWriter:
                 log.exception("prefix cache: could not save an entry")
             finally:
                 self._writing = False
+
+
+class PrefixReader:
+    """Reads entries on a background thread: an entry can be hundreds of MB, and reading it on the
+    step thread would hold every other stream for as long as the disk takes."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self._root, self._max = root, max_bytes
+        self._store: PrefixStore | None = None  # made on the reader thread (its own connection)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="llmd-prefix-reader")
+        self._delay = float(os.environ.get(SLOW_READ_ENV) or 0)
+
+    def run(self, fn: Callable[[PrefixStore], T]) -> Future[T]:
+        return self._pool.submit(self._call, fn)
+
+    def _call(self, fn: Callable[[PrefixStore], T]) -> T:
+        if self._delay:
+            time.sleep(self._delay)
+        if self._store is None:
+            self._store = PrefixStore(self._root, self._max)
+        return fn(self._store)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

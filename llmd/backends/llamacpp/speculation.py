@@ -164,27 +164,37 @@ class Speculator:
         a.steps_without_draft = 0
         return max(probe, key=lambda d: a.accept_ema.get(d, self.prior[d])), 1
 
-    def measure_cost(self, decode: Callable[[Any], int], batch: Any, mem: Any, seq: int, token: int) -> None:
+    def measure_cost(self, decode: Callable[[Any], int], batch: Any, mem: Any, seq: int, token: int,
+                     interrupted: Callable[[], bool] = lambda: False) -> bool:
         """t(k): the best of 3 timings of verifying k drafts after a 64-token context, in sequence
-        `seq` (which the caller gives up for it)."""
+        `seq` (which the caller gives up for it). Given up (False, nothing recorded) when a decode
+        fails or is aborted, or `interrupted` says a command is waiting: it runs again when idle."""
         import llama_cpp as L
 
         for j in range(64):
             put(batch, j, token, j, seq, False)
         batch.n_tokens = 64
-        decode(batch)
+        if decode(batch) != 0:
+            return False
+        cost: dict[int, float] = {}
         for k in (0, 1, 2, 4, 8):
             best = float("inf")
             for _ in range(3):
+                if interrupted():
+                    return False
                 for j in range(k + 1):
                     put(batch, j, token, 64 + j, seq, True)
                 batch.n_tokens = k + 1
                 t0 = time.perf_counter()
-                decode(batch)
+                rc = decode(batch)
                 best = min(best, time.perf_counter() - t0)
                 L.llama_memory_seq_rm(mem, seq, 64, -1)
-            self.cost[k] = best
-        log.info("verification cost by draft length (ms): %s", {k: round(v * 1000, 1) for k, v in self.cost.items()})
+                if rc != 0:
+                    return False
+            cost[k] = best
+        self.cost = cost
+        log.info("verification cost by draft length (ms): %s", {k: round(v * 1000, 1) for k, v in cost.items()})
+        return True
 
     def observe(self, rows: int, seconds: float) -> None:
         """Fold a real step's decode time into t(rows - 1): in operation the batch shares the caches
