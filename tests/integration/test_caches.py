@@ -183,6 +183,50 @@ def test_a_damaged_prefix_entry_is_ignored_and_dropped(tmp_path: Path, damage: s
         d.stop()
 
 
+def test_an_entry_with_another_entrys_state_is_dropped(tmp_path: Path):
+    """A crafted entry: its header (tokens, size, checksum) all consistent, but its state is
+    another prompt's, of another length. It is dropped at restore, never served."""
+    import struct
+    import time
+    import zlib
+
+    home = tmp_path / "home"
+    d = Daemon(home, env=ENV1).start()
+    try:
+        want = chat(d, long_chat("Who saved the sailors?", " Be brief."), headers=NO_STORE).json()
+        deadline = time.monotonic() + 30
+        while len(_entry_files(d)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        chat(d, long_chat("Tell me about the tea room and its scones, please.", " Be brief. Very."),
+             headers=NO_STORE, max_tokens=5)
+        while len(_entry_files(d)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        d.stop()
+
+    def parts(f: Path) -> tuple[dict, bytes]:
+        data = f.read_bytes()
+        (hlen,) = struct.unpack_from("<Q", data, 8)
+        return json.loads(data[16:16 + hlen]), data[16 + hlen:]
+
+    # each entry gets the other's state, its size and checksum fixed up to match
+    files = _entry_files(d)
+    assert len(files) == 2
+    (h0, s0), (h1, s1) = parts(files[0]), parts(files[1])
+    assert len(h0["tokens"]) != len(h1["tokens"])
+    for f, header, donor in ((files[0], h0, s1), (files[1], h1, s0)):
+        raw = json.dumps({**header, "size": len(donor), "crc32": zlib.crc32(donor)}).encode()
+        f.write_bytes(b"LLMDKV1\n" + struct.pack("<Q", len(raw)) + raw + donor)
+    d = Daemon(home, env=ENV1, port=d.port).start()
+    try:
+        got = chat(d, long_chat("Who saved the sailors?", " Be brief."), headers=NO_STORE).json()
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+        assert "its state holds positions" in d.log.read_text()
+    finally:
+        d.stop()
+
+
 def test_concurrent_writers_and_size_bounds(tmp_path: Path):
     d = Daemon(tmp_path / "home", env={"LLMD_SLOTS": "2", "LLMD_PREFIX_CACHE_MB": "8",
                                        "LLMD_PREFIX_MIN_TOKENS": "128"}).start()

@@ -132,8 +132,14 @@ class PrefixCache:
         dropped) when llama.cpp refuses the state."""
         slot.forget(L, mem)
         src = ctypes.cast(ctypes.c_char_p(hit.state), ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data(ctx, src, len(hit.state), slot.seq) == 0:
-            log.warning("prefix cache: llama.cpp refused %s entry %s; dropping it", hit.source, hit.entry)
+        loaded = L.llama_state_seq_set_data(ctx, src, len(hit.state), slot.seq)
+        # the state must hold exactly the entry's tokens, at positions 0..n-1: a payload for another
+        # prompt length (a crafted or mixed-up file whose checksum was fixed up) would answer wrongly
+        span = (L.llama_memory_seq_pos_min(mem, slot.seq), L.llama_memory_seq_pos_max(mem, slot.seq))
+        if loaded == 0 or span != (0, len(hit.tokens) - 1):
+            why = "llama.cpp refused it" if loaded == 0 else (
+                f"its state holds positions {span[0]}..{span[1]}, its tokens are {len(hit.tokens)}")
+            log.warning("prefix cache: dropping %s entry %s: %s", hit.source, hit.entry, why)
             self._drop(hit)
             slot.forget(L, mem)
             return False
