@@ -89,6 +89,20 @@ class PayloadTooLarge(LlmdError):
     type = "invalid_request_error"
 
 
+class InsufficientStorage(LlmdError):
+    status = 507
+    code = "insufficient_storage"
+    type = "server_error"
+
+
+class UpstreamError(LlmdError):
+    """A server llmd relies on (the Hugging Face Hub, a remote engine) failed or refused."""
+
+    status = 502
+    code = "upstream_error"
+    type = "server_error"
+
+
 class Overloaded(LlmdError):
     status = 503
     code = "overloaded"

@@ -1,4 +1,4 @@
-"""Model commands: `llmd models list|show|add|rm|pair|import`, and use, quantize, eval."""
+"""Model commands: `llmd models list|show|add|rm|pair|import|pull`, and use, pull, quantize, eval."""
 
 from __future__ import annotations
 
@@ -192,10 +192,53 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Download a GGUF model from the Hugging Face Hub and register it (file work, done here; the
+    daemon reads the same registry)."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    from llmd.models.hub import HubFile, PullPlan, pull
+
+    settings, registry = _local_registry(args)
+    tasks: dict[str, Any] = {}
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn(), disable=args.json)
+
+    def planned(p: PullPlan) -> None:
+        for note in p.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"pulling {p.ref.repo} {p.quant} at {p.revision[:12]} as {p.name}: "
+              f"{len(p.files)} file(s), {mib(p.size)}", file=sys.stderr)
+        for f in p.files:
+            tasks[f.name] = bar.add_task(f.name, total=f.size)
+
+    def progress(f: HubFile, done: int) -> None:
+        bar.update(tasks[f.name], completed=done)
+
+    try:
+        with bar:
+            row = pull(args.ref, registry, settings.paths.models_dir, progress, args.as_name, planned)
+    except KeyboardInterrupt:
+        print("\ninterrupted: nothing was registered; the downloaded part is kept, run the same command to "
+              "resume", file=sys.stderr)
+        return 130
+    if args.json:
+        return print_json(row)
+    print(f"pulled {row['name']}: {row['arch']}, {row['quantization']}, {mib(row['size'])} ({row['path']})")
+    return 0
+
+
 def register(cmd: AddCommand) -> None:
     m = cmd("models", cmd_list, "list (the default), show, add, rm or pair models")
     m.add_argument("--json", action="store_true")
-    actions = m.add_subparsers(dest="action", metavar="{list,show,add,rm,pair,import}")
+    actions = m.add_subparsers(dest="action", metavar="{list,show,add,rm,pair,import,pull}")
 
     def action(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
         a = actions.add_parser(name, help=help)
@@ -210,6 +253,12 @@ def register(cmd: AddCommand) -> None:
     a.add_argument("path")
     a.add_argument("--name", dest="as_name", help="name to register it under")
     action("rm", cmd_rm, "remove a model (deletes only files llmd made)").add_argument("name")
+    for parent, fn_help in ((action, "download a GGUF model from the Hugging Face Hub"), (cmd, "= llmd models pull")):
+        a = parent("pull", cmd_pull, fn_help)
+        a.add_argument("ref", metavar="REPO[:QUANT]", help="USER/REPO[:QUANT] (default Q4_K_M) or USER/REPO/FILE.gguf")
+        a.add_argument("--name", dest="as_name", help="name to register it under (default REPO:QUANT)")
+        if parent is cmd:
+            a.add_argument("--json", action="store_true")
     a = action("import", cmd_import, "register models Ollama, LM Studio or the Hugging Face cache downloaded, "
                                      "in place (never moved or deleted)")
     a.add_argument("--from", dest="source", choices=["ollama", "lmstudio", "hf", "all"], default="all")

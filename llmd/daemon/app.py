@@ -19,7 +19,7 @@ from llmd.backends.select import probe
 from llmd.config import Settings
 from llmd.daemon.metrics import Metrics
 from llmd.daemon.response_cache import ResponseCache
-from llmd.daemon.routes import anthropic, control, embeddings, ollama, openai, responses
+from llmd.daemon.routes import anthropic, control, embeddings, ollama, ollama_models, openai, responses
 from llmd.daemon.scheduler import Scheduler
 from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_token
 from llmd.daemon.stored_responses import StoredResponses
@@ -89,7 +89,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
 
     from llmd.daemon import openapi
 
-    routes = [*openai.routes, *ollama.routes, *embeddings.routes, *responses.routes, *anthropic.routes,
+    routes = [*openai.routes, *ollama.routes, *ollama_models.routes, *embeddings.routes, *responses.routes, *anthropic.routes,
               *control.routes, *openapi.routes]
     return Starlette(
         routes=routes,

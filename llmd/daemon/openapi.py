@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmd import __version__
-from llmd.daemon.routes import anthropic, control, embeddings, ollama, openai, responses
+from llmd.daemon.routes import anthropic, control, embeddings, ollama, ollama_models, openai, responses
 
 BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/v1/chat/completions"): openai.ChatBody,
@@ -32,6 +32,9 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/api/show"): ollama.ShowBody,
     ("POST", "/api/embed"): embeddings.OllamaBody,
     ("POST", "/api/embeddings"): embeddings.LegacyBody,
+    ("POST", "/api/pull"): ollama_models.PullBody,
+    ("DELETE", "/api/delete"): ollama_models.DeleteBody,
+    ("POST", "/api/copy"): ollama_models.CopyBody,
     ("POST", "/llmd/models"): control.AddModelBody,
     ("POST", "/llmd/models/load"): control.ModelRefBody,
     ("POST", "/llmd/models/unload"): control.ModelRefBody,

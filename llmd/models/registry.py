@@ -53,9 +53,14 @@ def _m005_draft(db: sqlite_utils.Database) -> None:
     db.table("models").add_column("draft", str)  # the paired draft model's name, for speculation
 
 
+def _m006_origin(db: sqlite_utils.Database) -> None:
+    db.table("models").add_column("origin", str)  # pulled: the Hub reference asked for (hf.co/USER/REPO:QUANT)
+
+
 MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen),
               ("003_lineage_and_eval", _m003_lineage_and_eval), ("004_checkpoint", _m004_checkpoint),
-              ("005_draft", _m005_draft)]
+              ("005_draft", _m005_draft), ("006_origin", _m006_origin)]
+OWNED = ("created", "pulled")  # sources whose files llmd made, and so may delete
 
 
 def check_pair(target: dict[str, Any], draft: dict[str, Any]) -> None:
@@ -142,17 +147,36 @@ class Registry:
         return self.get(row["name"])
 
     def remove(self, name: str) -> dict[str, Any]:
-        """Unregister; delete the file only if llmd created it (never a user's or a package's file)."""
+        """Unregister; delete the file only if llmd made it (never a user's, a package's or another
+        tool's file). The row comes back with `deleted_file`."""
         row = self.get(name)
         name = row["name"]  # `name:latest` is the model registered as `name`
         users = [r["name"] for r in self.db.table("models").rows_where("draft = ?", [name])]
         if users:
             raise BadRequest(f"{name} is the draft model of {', '.join(users)}; unpair it first "
                              f"(`llmd models pair {users[0]} --none`)", "name")
+        deletes = self.deletes_files(row)
         self.db.table("models").delete(name)
-        if row["source"] == "created":  # never another tool's files (ollama, lmstudio, hf imports)
-            Path(row["path"]).unlink(missing_ok=True)
-        return row
+        if deletes:
+            from llmd.models.hub import files_of
+
+            for f in files_of(Path(row["path"])):  # every part of a split model
+                f.unlink(missing_ok=True)
+        return {**row, "deleted_file": deletes}
+
+    def deletes_files(self, row: dict[str, Any]) -> bool:
+        """Whether removing `row` deletes its file: only one llmd made (quantized or pulled), never
+        another tool's (ollama, lmstudio, hf imports) or a user's, and not while a copy uses it."""
+        others = [r for r in self.db.table("models").rows_where("path = ? and name != ?", [row["path"], row["name"]])]
+        return row["source"] in OWNED and not others
+
+    def copy(self, source: str, destination: str) -> dict[str, Any]:
+        """Register the same file under another name (Ollama's copy): no bytes are copied."""
+        row = dict(self.get(source))
+        self.check_free(destination)
+        row.update(name=destination, added_at=time.time(), draft=None, origin=None)
+        self.db.table("models").insert(row)
+        return self.get(destination)
 
     def list(self) -> list[dict[str, Any]]:
         return list(self.db.table("models").rows_where(order_by="name"))
@@ -161,6 +185,8 @@ class Registry:
         row = self._row(name)
         if row is None and name.endswith(":latest"):  # Ollama's default tag names the untagged model
             row = self._row(name[: -len(":latest")])
+        if row is None and name.lower().startswith(("hf.co/", "huggingface.co/")):  # as pulled
+            row = self._by_origin(name)
         if row is None:
             known = ", ".join(r["name"] for r in self.list()) or "none"
             raise ModelNotFound(f"model {name!r} is not registered (registered: {known}); add it with `llmd models add PATH.gguf`", "model")
@@ -168,6 +194,16 @@ class Registry:
 
     def has(self, name: str) -> bool:
         return self._row(name) is not None
+
+    def _by_origin(self, ref: str) -> dict[str, Any] | None:
+        from llmd.models.hub import parse_ref
+
+        try:
+            origin = parse_ref(ref).origin
+        except BadRequest:
+            return None
+        rows = list(self.db.table("models").rows_where("lower(origin) = lower(?)", [origin]))
+        return rows[0] if rows else None
 
     def _row(self, name: str) -> dict[str, Any] | None:
         rows = list(self.db.table("models").rows_where("name = ?", [name]))

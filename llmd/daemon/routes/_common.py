@@ -99,9 +99,15 @@ def _short(err: Any) -> bool:
 
 
 def canonical_name(registry: Any, name: str) -> str:
-    """Ollama's `name:latest` is the model registered as `name` (one worker, one cache key)."""
+    """Ollama's `name:latest` is the model registered as `name`, and `hf.co/USER/REPO:QUANT` the
+    model pulled by it (one worker, one cache key)."""
     if name.endswith(":latest") and not registry.has(name):
         return name[: -len(":latest")]
+    if name.lower().startswith(("hf.co/", "huggingface.co/")) and not registry.has(name):
+        try:  # a pulled model answers to the Hub reference it was pulled by
+            return str(registry.get(name)["name"])
+        except LlmdError:
+            return name
     return name
 
 

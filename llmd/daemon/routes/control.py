@@ -119,7 +119,7 @@ async def remove_model(request: Request) -> Response:
     registry.get(name)
     request.app.state.scheduler.unload(name)
     row = registry.remove(name)
-    return JSONResponse({"removed": name, "deleted_file": row["source"] == "created"})
+    return JSONResponse({"removed": name, "deleted_file": row["deleted_file"]})
 
 
 async def load_model(request: Request) -> Response:
