@@ -62,6 +62,9 @@ class Client:
     def add_model(self, path: str, name: str | None) -> dict[str, Any]:
         return self._request("POST", "/llmd/models", json={"path": path, "name": name}, headers=self._auth())
 
+    def add_remote(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._request("POST", "/llmd/models/remote", json=body, headers=self._auth())
+
     def remove_model(self, name: str) -> dict[str, Any]:
         return self._request("DELETE", f"/llmd/models/{name}", headers=self._auth())
 

@@ -137,7 +137,7 @@ class EngineError(LlmdError):
 _BY_CODE: dict[str, type[LlmdError]] = {
     cls.code: cls
     for cls in (BadRequest, ContextOverflow, GrammarError, ModelNotFound, ModelUnavailable, EngineCrashed,
-                EngineError)
+                EngineError, UpstreamError)
 }
 
 

@@ -7,17 +7,15 @@ X-Linked-Size) and Range requests. Switches: `corrupt` serves other bytes than t
 from __future__ import annotations
 
 import hashlib
-import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from thread_server import ThreadServer
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -99,24 +97,8 @@ class FakeHub:
                                  media_type="application/octet-stream")
 
 
-class HubServer:
+class HubServer(ThreadServer):
     """Serves a FakeHub on a free loopback port, in a thread."""
 
     def __init__(self, hub: FakeHub) -> None:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(hub.app(), host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> HubServer:
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(hub.app())

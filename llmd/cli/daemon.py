@@ -178,7 +178,16 @@ def cmd_status(args: argparse.Namespace) -> int:
                       "never" if exp is None else f"in {max(0, exp - time.time()):.0f}s")
     console.print(table if status["loaded"] else "no model loaded")
     for m in status["loaded"]:
-        spec = (m.get("stats") or {}).get("speculation")
+        st = m.get("stats") or {}
+        if m.get("engine") == "remote":
+            console.print(f"{m['name']}: remote ({m.get('kind')}), upstream model {m.get('upstream_model')}"
+                          + (f", fallback {st['fallback']}" if st.get("fallback") else ""))
+            for u in st.get("upstreams", []):
+                state = "[green]up[/]" if u["up"] else f"[red]down[/] ({u['last_error']})"
+                console.print(f"  {u['url']}: {state}, check {u['latency_ms']} ms, {u['in_flight']} in flight, "
+                              f"{u['served']} served")
+            continue
+        spec = st.get("speculation")
         if spec:
             console.print(f"{m['name']}: draft model {m.get('draft') or 'none'}; accepted drafts: "
                           + _acceptance(spec))

@@ -31,6 +31,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     m = client_of(args).model(args.name)
     if args.json:
         return print_json(m)
+    if m["format"] == "remote":
+        spec = json.loads(m["remote"])
+        key = spec["api_key_env"] and f"key from ${spec['api_key_env']}" or spec["api_key_file"] and \
+            f"key from {spec['api_key_file']}" or "no API key"
+        print(f"{m['name']}: remote ({spec['kind']}), upstream model {spec['upstream_model']}, {key}"
+              + (f", fallback {spec['fallback']}" if spec["fallback"] else ""))
+        for url in spec["urls"]:
+            print(f"  upstream: {url}")
+        return 0
     est = m["memory_estimate"]
     print(f"{m['name']}: {m['arch']}, {m['n_params'] / 1e6:.0f}M parameters, {m['quantization']} ({m['format']}), "
           f"context {m['context_length']}, chat template: {'yes' if m['has_chat_template'] else 'no'}")
@@ -55,6 +64,21 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
+    if args.remote:
+        if args.path or not args.as_name:
+            print("llmd: a remote model is `llmd models add --remote URL [--remote URL2] --name NAME`", file=sys.stderr)
+            return 2
+        m = client_of(args).add_remote({
+            "name": args.as_name, "urls": args.remote, "upstream_model": args.upstream_model,
+            "api_key_env": args.api_key_env, "api_key_file": args.api_key_file and os.path.abspath(args.api_key_file),
+            "fallback": args.fallback, "insecure": args.insecure})
+        spec = json.loads(m["remote"])
+        print(f"added {m['name']}: {spec['upstream_model']} on {', '.join(spec['urls'])} ({spec['kind']})"
+              + (f", falling back to {spec['fallback']}" if spec["fallback"] else ""))
+        return 0
+    if not args.path:
+        print("llmd: give a .gguf file or model folder to add (or --remote URL)", file=sys.stderr)
+        return 2
     m = client_of(args).add_model(os.path.abspath(args.path), args.as_name)
     print(f"added {m['name']}: {m['arch']}, {m['quantization']}, {mib(m['size'])}")
     return 0
@@ -249,9 +273,18 @@ def register(cmd: AddCommand) -> None:
 
     action("list", cmd_list, "registered models")
     action("show", cmd_show, "one model: files, memory to load, draft, eval").add_argument("name")
-    a = action("add", cmd_add, "register a .gguf file, a Hugging Face checkpoint or a TensorRT engine folder")
-    a.add_argument("path")
+    a = action("add", cmd_add, "register a .gguf file, a Hugging Face checkpoint, a TensorRT engine folder, or "
+                               "(--remote) a model another engine serves")
+    a.add_argument("path", nargs="?")
     a.add_argument("--name", dest="as_name", help="name to register it under")
+    a.add_argument("--remote", action="append", metavar="URL",
+                   help="an OpenAI-compatible upstream (vLLM, SGLang, trtllm-serve, llama-server, Ollama, llmd); "
+                        "repeat for several")
+    a.add_argument("--upstream-model", help="the model id the upstream serves (default: its only one)")
+    a.add_argument("--api-key-env", help="environment variable holding the upstream's API key")
+    a.add_argument("--api-key-file", help="file (mode 600) holding the upstream's API key")
+    a.add_argument("--fallback", help="a local model that answers while every upstream is down")
+    a.add_argument("--insecure", action="store_true", help="allow plain http to other machines")
     action("rm", cmd_rm, "remove a model (deletes only files llmd made)").add_argument("name")
     for parent, fn_help in ((action, "download a GGUF model from the Hugging Face Hub"), (cmd, "= llmd models pull")):
         a = parent("pull", cmd_pull, fn_help)

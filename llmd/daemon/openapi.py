@@ -36,6 +36,7 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("DELETE", "/api/delete"): ollama_models.DeleteBody,
     ("POST", "/api/copy"): ollama_models.CopyBody,
     ("POST", "/llmd/models"): control.AddModelBody,
+    ("POST", "/llmd/models/remote"): control.AddRemoteBody,
     ("POST", "/llmd/models/load"): control.ModelRefBody,
     ("POST", "/llmd/models/unload"): control.ModelRefBody,
     ("POST", "/llmd/models/active"): control.ModelRefBody,

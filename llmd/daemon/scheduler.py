@@ -9,6 +9,7 @@ of admitted requests, bounded by slots + max_queue. Back-pressure is a typed err
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -137,6 +138,8 @@ class Scheduler:
 
     async def _load(self, name: str, row: dict[str, Any]) -> WorkerHandle:
         s = self.settings
+        if row["format"] == "remote":
+            return await self._load_remote(name, row)
         choice = self.choice_for(name, row)
         if choice.backend == "none":
             raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
@@ -186,6 +189,22 @@ class Scheduler:
         self._ensure_reaper()
         self.touch()
         return worker
+
+    async def _load_remote(self, name: str, row: dict[str, Any]) -> WorkerHandle:
+        """A remote model: no process, a handle that relays to its upstreams (checked once here)."""
+        from llmd.backends.remote.handle import RemoteHandle, RemoteSpec
+
+        spec = RemoteSpec.from_json(row["remote"])
+        cfg = EngineConfig(model_path=spec.urls[0], model_name=name, n_ctx=self.settings.ctx, n_slots=0, chunk=0,
+                           model_digest=row["digest"])
+        handle = await RemoteHandle(spec, cfg, asyncio.get_running_loop()).start()
+        self.workers[name] = handle  # type: ignore[assignment]  # the same shape as a WorkerHandle
+        self._keep.setdefault(name, self.keep_alive)
+        self._last_used[name] = time.monotonic()
+        self._retiring.discard(name)
+        self._ensure_reaper()
+        self.touch()
+        return handle  # type: ignore[return-value]
 
     async def _start(self, cfg: EngineConfig, backend: str) -> WorkerHandle:
         """A worker with the model loaded; a crash while loading counts toward the breaker and is
@@ -237,6 +256,10 @@ class Scheduler:
     def choice_for(self, name: str, row: dict[str, Any] | None = None) -> Choice:
         """The backend for a model on this machine (probed once), with its reasons."""
         if name not in self.choices:
+            row = row or self.registry.get(name)
+            if row["format"] == "remote":
+                urls = ", ".join(json.loads(row["remote"])["urls"])
+                return Choice("remote", "upstream", reasons=(f"served by its upstream engines ({urls})",))
             if self.probe is None:
                 from llmd.backends.select import probe
 
@@ -288,8 +311,9 @@ class Scheduler:
         """Stop workers beyond max_loaded (least recently used first), and those asked to unload,
         once they have no open requests: a stream in flight always finishes."""
         keep = keep or self.active_model
-        extra = sorted((n for n in self.workers if n != keep), key=lambda n: self._last_used.get(n, 0.0))
-        over = len(self.workers) - self.max_loaded
+        local = [n for n, w in self.workers.items() if not getattr(w, "remote", False)]  # remote ones hold no memory
+        extra = sorted((n for n in local if n != keep), key=lambda n: self._last_used.get(n, 0.0))
+        over = len(local) - self.max_loaded
         for name in extra:
             if over > 0:
                 self._retiring.add(name)
@@ -383,6 +407,7 @@ class Scheduler:
         self.touch()
         name = model or self.active_model
         self._users[name] = self._users.get(name, 0) + 1
+        users = [name]  # models this request holds loaded (a remote model's fallback too)
         try:
             worker, load_s = await self.worker_for(name)
             if timing is not None:
@@ -394,12 +419,26 @@ class Scheduler:
                     req = replace(req, more_coming=True)
             queue = worker.submit(req)
             finished = False
+            fallback = getattr(worker, "spec", None) and worker.spec.fallback  # type: ignore[attr-defined]
+            started = False
             try:
                 while True:
                     ev = await queue.get()
                     if isinstance(ev, ErrorEvent):
                         finished = True
-                        raise from_wire(ev.error)
+                        err = from_wire(ev.error)
+                        if fallback and not started and isinstance(err, ModelUnavailable) and fallback != name:
+                            # every upstream is down: the local model configured for it answers
+                            log.warning("%s: %s; answering with the fallback %s", name, err.message, fallback)
+                            self._users[fallback] = self._users.get(fallback, 0) + 1
+                            users.append(fallback)
+                            worker, _ = await self.worker_for(fallback)
+                            if timing is not None:
+                                timing["fallback"] = 1.0
+                            queue, finished, fallback = worker.submit(req), False, None
+                            continue
+                        raise err
+                    started = True
                     yield ev
                     if isinstance(ev, FinalEvent | EmbedResult):
                         finished = True
@@ -412,8 +451,9 @@ class Scheduler:
         finally:
             self.in_flight -= 1
             self.touch()
-            self._users[name] -= 1
-            self._last_used[name] = time.monotonic()
+            for used in users:
+                self._users[used] -= 1
+                self._last_used[used] = time.monotonic()
             if self._keep.get(name, self.keep_alive) == 0 and name in self.workers:
                 self._retiring.add(name)  # keep_alive 0: unload as soon as the request is done
             self._retire_idle()

@@ -57,9 +57,13 @@ def _m006_origin(db: sqlite_utils.Database) -> None:
     db.table("models").add_column("origin", str)  # pulled: the Hub reference asked for (hf.co/USER/REPO:QUANT)
 
 
+def _m007_remote(db: sqlite_utils.Database) -> None:
+    db.table("models").add_column("remote", str)  # format "remote": RemoteSpec JSON (URLs, never a key)
+
+
 MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen),
               ("003_lineage_and_eval", _m003_lineage_and_eval), ("004_checkpoint", _m004_checkpoint),
-              ("005_draft", _m005_draft), ("006_origin", _m006_origin)]
+              ("005_draft", _m005_draft), ("006_origin", _m006_origin), ("007_remote", _m007_remote)]
 OWNED = ("created", "pulled")  # sources whose files llmd made, and so may delete
 
 
@@ -125,6 +129,18 @@ class Registry:
             return self.get(name)
         self.check_free(name)
         return self._register(name, path, source, **extra)
+
+    def add_remote(self, name: str, spec_json: str, kind: str) -> dict[str, Any]:
+        """Register a model served by upstream engines (`spec_json`: a RemoteSpec, checked by the
+        caller). Its digest names the upstreams and their model, so cached replies are theirs."""
+        self.check_free(name)
+        digest = "remote:" + hashlib.sha256(spec_json.encode()).hexdigest()
+        spec = json.loads(spec_json)
+        self.db.table("models").insert({
+            "name": name, "path": spec["urls"][0], "format": "remote", "source": "remote", "digest": digest,
+            "size": 0, "mtime": 0.0, "arch": kind, "n_params": 0, "quantization": "", "context_length": 0,
+            "has_chat_template": 0, "added_at": time.time(), "remote": spec_json})
+        return self.get(name)
 
     def check_free(self, name: str) -> None:
         if self._row(name) is not None:
@@ -211,7 +227,7 @@ class Registry:
 
     @staticmethod
     def _fresh(row: dict[str, Any]) -> bool:
-        if row.get("format", "gguf") != "gguf":
+        if row.get("format", "gguf") != "gguf":  # folders and remote models have no file to watch
             return True
         p = Path(row["path"])
         try:

@@ -196,6 +196,9 @@ class Run:
     @property
     def headers(self) -> dict[str, str]:
         out = {"X-LLMD-Cache": self.cache}
+        if self.timing.get("fallback") and self.request is not None:
+            spec = json.loads(self.request.app.state.registry.get(self.model).get("remote") or "{}")
+            out["X-LLMD-Fallback"] = f"{spec.get('fallback')} (every upstream of {self.model} is down)"
         ignored = getattr(self.request.state, "ignored", None) if self.request is not None else None
         if ignored:
             out["X-LLMD-Ignored"] = ", ".join(ignored)
@@ -308,6 +311,8 @@ def _store(cache: Any, run: Run) -> None:
     final = run.final
     if final is None or final.finish_reason not in ("stop", "length") or run.cache_key is None:
         return
+    if run.timing.get("fallback"):  # another model's reply: not the remote model's to replay
+        return
     try:
         cache.put(run.cache_key, run.model, run.text, final.finish_reason, final.usage)
     except Exception:  # a full disk must not break serving
@@ -327,6 +332,8 @@ def _template_of(row: dict[str, Any]) -> str | None:
 
     if row["format"] == "gguf":
         return read_gguf(row["path"]).chat_template
+    if row["format"] == "remote":
+        return None  # the upstream applies its own template
     return chat_template(Path(row["path"]))  # a Hugging Face checkpoint (TensorRT-LLM)
 
 

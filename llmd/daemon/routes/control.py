@@ -52,6 +52,17 @@ class AddModelBody(BaseModel):
     name: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
 
+class AddRemoteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    urls: list[str] = Field(min_length=1, max_length=32)
+    upstream_model: str | None = Field(default=None, min_length=1)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_file: str | None = Field(default=None, min_length=1)
+    fallback: str | None = Field(default=None, min_length=1)
+    insecure: bool = False
+
+
 def _authorize(request: Request) -> None:
     check_token(request.headers, request.app.state.token)
 
@@ -109,6 +120,20 @@ async def add_model(request: Request) -> Response:
     body = await parse_body(request, AddModelBody)
     # hashing a multi-GB file takes seconds: off the event loop, so every other route keeps answering
     row = await asyncio.to_thread(request.app.state.registry.add, Path(body.path), body.name)
+    return JSONResponse(_describe(request, row), status_code=201)
+
+
+async def add_remote_model(request: Request) -> Response:
+    """Register a model served by upstream engines (asked what they are before it is written)."""
+    from llmd.backends.remote.spec import build
+
+    _authorize(request)
+    body = await parse_body(request, AddRemoteBody)
+    registry = request.app.state.registry
+    registry.check_free(body.name)
+    spec = await asyncio.to_thread(build, body.urls, body.upstream_model, body.api_key_env, body.api_key_file,
+                                   body.fallback, body.insecure, registry)
+    row = registry.add_remote(body.name, spec.to_json(), spec.kind)
     return JSONResponse(_describe(request, row), status_code=201)
 
 
@@ -274,6 +299,7 @@ routes = [
     Route("/llmd/status", status, methods=["GET"]),
     Route("/llmd/models", list_models, methods=["GET"]),
     Route("/llmd/models", add_model, methods=["POST"]),
+    Route("/llmd/models/remote", add_remote_model, methods=["POST"]),
     Route("/llmd/models/load", load_model, methods=["POST"]),
     Route("/llmd/models/unload", unload_model, methods=["POST"]),
     Route("/llmd/models/active", set_active, methods=["POST"]),

@@ -1,0 +1,331 @@
+"""The daemon side of a remote model: what WorkerHandle is for a local worker (submit, cancel,
+stats, shutdown), speaking HTTP to upstream engines instead of a pipe to a process.
+
+A request goes to the least loaded upstream that is up. One that cannot be reached before it
+answered anything is marked down and the next is tried; one that fails mid-reply ends that reply
+with an error naming it (tokens already sent cannot be taken back). Streams are passed through as
+they arrive; cancelling a request closes its upstream connection, which frees the upstream's slot.
+Upstream errors become llmd's errors (so each API answers in its own shape) with the upstream
+named. Tool calls and logprobs are not passed through yet: such requests are refused (400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+
+from llmd.backends.base import (
+    EmbedRequest,
+    EmbedResult,
+    EngineConfig,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    GenerationRequest,
+    TokenEvent,
+    Usage,
+)
+from llmd.backends.remote.spec import RemoteSpec
+from llmd.backends.remote.upstream import HEALTH_S, Upstream, read_key
+from llmd.errors import BadRequest, LlmdError, ModelNotFound, ModelUnavailable, UpstreamError
+
+log = logging.getLogger("llmd.remote")
+CONNECT_S = 5.0
+
+
+class _Unreachable(Exception):
+    """The upstream could not be reached before it answered anything: try the next one."""
+
+
+class RemoteHandle:
+    backend = "remote"
+    remote = True
+    pid = None
+
+    def __init__(self, spec: RemoteSpec, cfg: EngineConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.spec = spec
+        self.cfg = cfg
+        self.loop = loop
+        self.upstreams = [Upstream(u) for u in spec.urls]
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(connect=CONNECT_S, read=None, write=30.0, pool=30.0))
+        self.alive = True
+        self.started = time.time()
+        self.info: dict[str, Any] = {"engine": "remote", "model": cfg.model_name, "kind": spec.kind,
+                                     "upstream_model": spec.upstream_model, "n_ctx": cfg.n_ctx,
+                                     "tool_format": "generic", "load_s": 0.0}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._health: asyncio.Task[None] | None = None
+
+    # ---- what the scheduler and routes use (WorkerHandle's shape) ------------------------------
+
+    @property
+    def label(self) -> str:
+        return self.cfg.model_name
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._tasks)
+
+    def silent_for(self) -> float:
+        return 0.0  # no process to hang: each request has its own timeouts
+
+    def kill_hung(self, silent: float) -> None:
+        return None
+
+    async def start(self) -> RemoteHandle:
+        """Check every upstream once (none up is not fatal: the fallback may serve), then keep checking."""
+        await self._check_all()
+        up = [u.url for u in self.upstreams if u.up]
+        log.info("remote model %s: %d of %d upstreams up (%s)", self.cfg.model_name, len(up), len(self.upstreams),
+                 ", ".join(up) or "none")
+        self._health = asyncio.ensure_future(self._health_loop())
+        return self
+
+    async def wait_loaded(self) -> dict[str, Any]:
+        return self.info
+
+    def any_up(self) -> bool:
+        return any(u.up for u in self.upstreams)
+
+    def submit(self, req: GenerationRequest | EmbedRequest) -> asyncio.Queue[Event]:
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        if isinstance(req, GenerationRequest):
+            problem = self._unsupported(req)
+            if problem is not None:
+                queue.put_nowait(ErrorEvent(req.id, problem.to_wire()))
+                return queue
+        self._tasks[req.id] = asyncio.ensure_future(self._run(req, queue))
+        return queue
+
+    def cancel(self, request_id: str) -> None:
+        task = self._tasks.pop(request_id, None)
+        if task is not None:
+            task.cancel()  # closes the upstream connection: the upstream stops and frees its slot
+
+    def forget(self, request_id: str) -> None:
+        self._tasks.pop(request_id, None)
+
+    async def stats(self, timeout: float = 2.0) -> dict[str, Any]:
+        return {"slots_busy": sum(u.in_flight for u in self.upstreams), "waiting": 0, "kind": self.spec.kind,
+                "upstream_model": self.spec.upstream_model, "upstreams": [u.as_dict() for u in self.upstreams],
+                "fallback": self.spec.fallback}
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Called from a thread (as a worker's is): the closing runs on the event loop."""
+        self.alive = False
+        try:
+            asyncio.run_coroutine_threadsafe(self.aclose(), self.loop).result(timeout)
+        except Exception:  # the loop is gone: nothing left to close
+            pass
+
+    async def aclose(self) -> None:
+        self.alive = False
+        if self._health is not None:
+            self._health.cancel()
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await self.client.aclose()
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def _unsupported(self, req: GenerationRequest) -> LlmdError | None:
+        if req.tools and req.tool_choice != "none":
+            return BadRequest(f"{self.cfg.model_name} is served remotely, and llmd does not pass tool calls through "
+                              "to remote models yet; call the upstream directly for tools, or use a local model",
+                              "tools")
+        if req.top_logprobs is not None:
+            return BadRequest(f"{self.cfg.model_name} is served remotely, and llmd does not pass logprobs through "
+                              "yet", "logprobs")
+        return None
+
+    def _headers(self) -> dict[str, str]:
+        key = read_key(self.spec.api_key_env, self.spec.api_key_file)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _order(self) -> list[Upstream]:
+        """Up ones, least loaded first, in the order given on a tie; down ones are not tried."""
+        return sorted((u for u in self.upstreams if u.up), key=lambda u: u.in_flight)
+
+    async def _run(self, req: GenerationRequest | EmbedRequest, queue: asyncio.Queue[Event]) -> None:
+        tried: list[str] = []
+        try:
+            for up in self._order():
+                try:
+                    if isinstance(req, EmbedRequest):
+                        await self._embed(up, req, queue)
+                    else:
+                        await self._generate(up, req, queue)
+                    up.served += 1
+                    return
+                except _Unreachable as e:
+                    up.mark_down(str(e))
+                    tried.append(f"{up.url} ({e})")
+                    log.warning("remote model %s: upstream %s unreachable (%s); trying the next", self.cfg.model_name,
+                                up.url, e)
+            down = "; ".join(tried + [f"{u.url} (down: {u.last_error or 'failed its health check'})"
+                                      for u in self.upstreams if u.url not in " ".join(tried)])
+            queue.put_nowait(ErrorEvent(req.id, ModelUnavailable(
+                f"no upstream of {self.cfg.model_name} is up: {down}; retry when one is back, or add the model with "
+                "--fallback LOCAL_MODEL to answer locally meanwhile").to_wire()))
+        except LlmdError as e:
+            queue.put_nowait(ErrorEvent(req.id, e.to_wire()))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug: fail this request, keep serving
+            log.exception("remote model %s: request %s failed", self.cfg.model_name, req.id)
+            queue.put_nowait(ErrorEvent(req.id, UpstreamError(f"relaying to the upstream failed: {e}").to_wire()))
+        finally:
+            self._tasks.pop(req.id, None)
+
+    def _body(self, req: GenerationRequest) -> dict[str, Any]:
+        s = req.sampling
+        body: dict[str, Any] = {"model": self.spec.upstream_model, "stream": True,
+                                "stream_options": {"include_usage": True}, "temperature": s.temperature}
+        if req.messages is not None:
+            body["messages"] = req.messages
+        else:
+            body["prompt"] = req.prompt or ""
+        if req.max_tokens is not None:
+            body["max_tokens"] = req.max_tokens
+        optional = {"top_p": (s.top_p, 1.0), "top_k": (s.top_k, 0), "min_p": (s.min_p, 0.0),
+                    "presence_penalty": (s.presence_penalty, 0.0), "frequency_penalty": (s.frequency_penalty, 0.0)}
+        body.update({k: v for k, (v, default) in optional.items() if v != default})
+        if s.repeat_penalty != 1.0:  # not in OpenAI's API: each engine's own name
+            body["repetition_penalty" if self.spec.kind in ("vllm", "sglang") else "repeat_penalty"] = s.repeat_penalty
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if req.stop:
+            body["stop"] = list(req.stop)
+        if req.response_format is not None:
+            body["response_format"] = req.response_format
+        return body
+
+    async def _generate(self, up: Upstream, req: GenerationRequest, queue: asyncio.Queue[Event]) -> None:
+        chat = req.messages is not None
+        url = up.url + ("/v1/chat/completions" if chat else "/v1/completions")
+        t0 = time.perf_counter()
+        t_first = t_last = 0.0
+        n = 0
+        finish: str | None = None
+        usage: dict[str, Any] = {}
+        up.in_flight += 1
+        try:
+            try:
+                cm = self.client.stream("POST", url, json=self._body(req), headers=self._headers())
+                r = await cm.__aenter__()
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                raise _Unreachable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
+            try:
+                if r.status_code != 200:
+                    raise self._error_of(up, r.status_code, (await r.aread())[:4000])
+                async for line in r.aiter_lines():
+                    if not line.strip() or line.startswith(":"):
+                        continue
+                    if not line.startswith("data:"):
+                        raise UpstreamError(f"the upstream {up.url} sent a malformed event stream ({line[:120]!r}); "
+                                            "is it an OpenAI-compatible server?")
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise UpstreamError(f"the upstream {up.url} sent an event that is not JSON ({data[:120]!r})"
+                                            ) from None
+                    if not isinstance(chunk, dict):
+                        raise UpstreamError(f"the upstream {up.url} sent an event that is not an object ({data[:120]!r})")
+                    if chunk.get("error"):
+                        err = chunk["error"]
+                        raise UpstreamError(f"the upstream {up.url} failed: "
+                                            f"{err.get('message') if isinstance(err, dict) else err}")
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or []:
+                        text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        if text:
+                            now = time.perf_counter()
+                            t_first = t_first or now
+                            t_last = now
+                            n += 1
+                            queue.put_nowait(TokenEvent(req.id, text, 1))
+                        finish = choice.get("finish_reason") or finish
+            finally:
+                await cm.__aexit__(None, None, None)
+        except httpx.HTTPError as e:  # after it answered: the reply is cut, and the upstream suspect
+            up.mark_down(f"{type(e).__name__}: {e}")
+            raise UpstreamError(f"the upstream {up.url} failed during the reply ({type(e).__name__}: {e}); "
+                                f"{n} tokens had arrived") from e
+        finally:
+            up.in_flight -= 1
+        if finish is None:
+            raise UpstreamError(f"the upstream {up.url} ended its event stream without finishing the reply "
+                                f"({n} tokens arrived)")
+        cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0
+        queue.put_nowait(FinalEvent(req.id, "length" if finish == "length" else "stop", Usage(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0), completion_tokens=int(usage.get("completion_tokens") or n),
+            cached_tokens=int(cached), ttft_s=(t_first - t0) if t_first else 0.0,
+            prefill_s=(t_first - t0) if t_first else 0.0, decode_s=(t_last - t_first) if t_first else 0.0)))
+
+    async def _embed(self, up: Upstream, req: EmbedRequest, queue: asyncio.Queue[Event]) -> None:
+        inputs = [list(i) if isinstance(i, tuple) else i for i in req.inputs]
+        try:
+            r = await self.client.post(up.url + "/v1/embeddings", headers=self._headers(),
+                                       json={"model": self.spec.upstream_model, "input": inputs})
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise _Unreachable(f"{type(e).__name__}: {e}") from e
+        except httpx.HTTPError as e:
+            raise UpstreamError(f"the upstream {up.url} failed: {type(e).__name__}: {e}") from e
+        if r.status_code != 200:
+            raise self._error_of(up, r.status_code, r.content[:4000])
+        try:
+            data = sorted(r.json()["data"], key=lambda d: d["index"])
+            vectors = [np.asarray(d["embedding"], dtype=np.float32) for d in data]
+        except (ValueError, KeyError, TypeError) as e:
+            raise UpstreamError(f"the upstream {up.url} answered embeddings in an unknown shape: {e}") from e
+        unit = [v / (float(np.linalg.norm(v)) or 1.0) for v in vectors]
+        queue.put_nowait(EmbedResult(req.id, tuple(v.astype(np.float32).tobytes() for v in unit),
+                                     tuple(0 for _ in unit), int(unit[0].shape[0]) if unit else 0))
+
+    def _error_of(self, up: Upstream, status: int, raw: bytes) -> LlmdError:
+        try:
+            err = json.loads(raw).get("error", raw.decode("utf-8", "replace"))
+            message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+        except (ValueError, AttributeError):
+            message = raw.decode("utf-8", "replace")
+        message = message.strip()[:500] or f"HTTP {status}"
+        where = f"the upstream {up.url} ({self.spec.kind})"
+        if status in (401, 403):
+            src = self.spec.api_key_env or self.spec.api_key_file or "no key configured"
+            return UpstreamError(f"{where} refused llmd's credentials (HTTP {status}: {message}); check the API key "
+                                 f"({src})")
+        if status == 404:
+            return ModelNotFound(f"{where} answered 404 for {self.spec.upstream_model!r}: {message}", "model")
+        if status == 429:
+            return UpstreamError(f"{where} is overloaded (HTTP 429: {message}); retry shortly")
+        if 400 <= status < 500:
+            return BadRequest(f"{where} refused the request (HTTP {status}): {message}")
+        return UpstreamError(f"{where} failed (HTTP {status}): {message}")
+
+    async def _check_all(self) -> None:
+        try:
+            headers = self._headers()
+        except LlmdError as e:
+            for u in self.upstreams:
+                u.mark_down(e.message)
+            return
+        await asyncio.gather(*(u.check(self.client, headers) for u in self.upstreams))
+
+    async def _health_loop(self) -> None:
+        while self.alive:
+            await asyncio.sleep(HEALTH_S)
+            was = {u.url: u.up for u in self.upstreams}
+            await self._check_all()
+            for u in self.upstreams:
+                if u.up != was[u.url]:
+                    log.warning("remote model %s: upstream %s is %s%s", self.cfg.model_name, u.url,
+                                "up again" if u.up else "down", "" if u.up else f" ({u.last_error})")

@@ -1,0 +1,58 @@
+"""A small OpenAI-compatible stand-in upstream for the remote-model tests that need an upstream to
+misbehave (malformed events, a 500) or to show what llmd sent it (the Authorization header).
+Healthy replies are a fixed text streamed word by word."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+REPLY = "The lighthouse keeper lit the lamp at dusk."
+
+
+@dataclass
+class FakeUpstream:
+    mode: str = "ok"  # ok | malformed | error500 | truncated
+    seen_auth: list[str] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/models", self.models),
+                                 Route("/v1/chat/completions", self.chat, methods=["POST"])])
+
+    async def models(self, request: Request) -> Response:
+        self.seen_auth.append(request.headers.get("authorization", ""))
+        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "fake"}]})
+
+    async def chat(self, request: Request) -> Response:
+        self.seen_auth.append(request.headers.get("authorization", ""))
+        body = await request.json()
+        self.requests.append(body)
+        if self.mode == "error500":
+            return JSONResponse({"error": {"message": "CUDA out of memory", "type": "server_error"}}, status_code=500)
+
+        def events():
+            if self.mode == "malformed":
+                yield b"data: {\"choices\": [{\"delta\": {\"content\": \"The\"}}]}\n\n"
+                yield b"this is not an event stream\n\n"
+                return
+            words = REPLY.split(" ")
+            for i, w in enumerate(words):
+                if self.mode == "truncated" and i == 3:
+                    return  # ends without finish_reason or [DONE]
+                delta = {"content": (w if i == 0 else " " + w)}
+                chunk = {"id": "x", "object": "chat.completion.chunk", "model": "fake-model",
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
+            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 12, "completion_tokens": len(words), "total_tokens": 12 + len(words)}}
+            yield f"data: {json.dumps(end)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
