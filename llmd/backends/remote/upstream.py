@@ -137,3 +137,21 @@ def detect_kind(url: str, headers: dict[str, str], timeout: float = CHECK_TIMEOU
         if "tensorrt" in owners or "trtllm" in owners:
             return "trtllm-serve", models
         return "openai-compatible", models
+
+
+def check_now(url: str, key_env: str | None, key_file: str | None) -> dict[str, Any]:
+    """One health check outside the daemon (for `llmd doctor`): up, latency, models, or why not."""
+    import asyncio
+
+    async def run() -> dict[str, Any]:
+        u = Upstream(url)
+        try:
+            key = read_key(key_env, key_file)
+        except BadRequest as e:
+            u.mark_down(e.message)
+            return u.as_dict()
+        async with httpx.AsyncClient() as client:
+            await u.check(client, {"Authorization": f"Bearer {key}"} if key else {})
+        return u.as_dict()
+
+    return asyncio.run(run())

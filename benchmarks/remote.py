@@ -1,0 +1,90 @@
+"""What llmd costs in front of a remote engine: the same streamed requests sent to llama.cpp's
+llama-server directly and through llmd (a remote model whose upstream is that server), taking
+turns, then the response cache's gain on a repeat.
+
+Every request has a new first line, so neither path reuses a cached prompt prefix; llmd's
+response cache is bypassed (Cache-Control: no-store) except in the repeat test. llama-server is
+built by scripts/build-llama-server.sh (cached); on a CPU with AMX it runs with --no-repack.
+
+    python benchmarks/remote.py [--runs 8] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import ROOT, free_port, med, start_llmd, stop, stream_openai_chat, wait_http  # noqa: E402
+
+from llmd.models.catalog import find_packaged  # noqa: E402
+
+QUESTION = "Write a detailed story about a lighthouse keeper and a storm."
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", default="2", help="llama-server threads")
+    args = ap.parse_args()
+    bin_dir = subprocess.run(["bash", str(ROOT / "scripts" / "build-llama-server.sh")], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    port = free_port()
+    amx = "amx" in open("/proc/cpuinfo").read()
+    server = subprocess.Popen([f"{bin_dir}/llama-server", "-m", str(find_packaged()["smollm2-135m"]), "--port",
+                               str(port), "-np", "2", "-c", "8192", "-t", args.threads, "-a", "smol",
+                               *(["--no-repack"] if amx else [])],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    upstream = f"http://127.0.0.1:{port}"
+    wait_http(upstream + "/health", server)
+    llmd, url, home = start_llmd()
+    try:
+        env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": url.rsplit(":", 1)[1]}
+        subprocess.run([sys.executable, "-m", "llmd", "models", "add", "--remote", upstream, "--name", "remote"],
+                       env=env, check=True, capture_output=True)
+        direct_c, llmd_c = httpx.Client(timeout=600), httpx.Client(timeout=600, headers={"Cache-Control": "no-store"})
+        results: dict[str, list] = {"llama-server": [], "llmd -> llama-server": []}
+        for i in range(args.runs + 1):  # the first round warms both paths and is not counted
+            for label, base, c, model in (("llama-server", upstream, direct_c, "smol"),
+                                          ("llmd -> llama-server", url, llmd_c, "remote")):
+                body = {"model": model, "max_tokens": args.tokens, "temperature": 0,
+                        "messages": [{"role": "system", "content": f"Session {i}-{label}."},
+                                     {"role": "user", "content": QUESTION}]}
+                s = stream_openai_chat(base, body, c)
+                if i:
+                    results[label].append(s)
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+        print(f"# llmd in front of llama-server: SmolLM2-135M Q4_1, {cpu}, {os.cpu_count()} CPUs, "
+              f"{args.runs} runs x {args.tokens} tokens, medians")
+        peer, ours = results["llama-server"], results["llmd -> llama-server"]
+        ttft_p, ttft_o = med([s.ttft_s for s in peer]), med([s.ttft_s for s in ours])
+        tps_p, tps_o = med([s.decode_tps for s in peer]), med([s.decode_tps for s in ours])
+        print(f"{'':<24} {'llama-server':>12} {'via llmd':>9} {'via llmd / direct':>18}")
+        print(f"{'TTFT ms':<24} {ttft_p * 1000:>12.1f} {ttft_o * 1000:>9.1f} {ttft_o / ttft_p:>18.3f}"
+              f"   (+{(ttft_o - ttft_p) * 1000:.1f} ms)")
+        print(f"{'decode tok/s':<24} {tps_p:>12.1f} {tps_o:>9.1f} {tps_o / tps_p:>18.3f}")
+        cached = httpx.Client(timeout=600)
+        body = {"model": "remote", "max_tokens": args.tokens, "temperature": 0,
+                "messages": [{"role": "user", "content": QUESTION + " (repeat)"}]}
+        totals = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            r = cached.post(url + "/v1/chat/completions", json=body)
+            totals.append((time.perf_counter() - t0, r.headers.get("X-LLMD-Cache")))
+        (miss, m_state), (hit, h_state) = totals
+        print(f"{'repeat (response cache)':<24} {miss * 1000:>12.1f} {hit * 1000:>9.1f} {hit / miss:>18.3f}"
+              f"   (first {m_state}, then {h_state}; total ms)")
+    finally:
+        stop(llmd)
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()
