@@ -1,9 +1,10 @@
 """Admission, queue bounds, cancellation, and routing requests to the loaded engine worker.
 
-State: workers by model name (at most `max_loaded` kept; others retire when their last
-request finishes), one load in flight per model (concurrent requests share it), and the count
-of admitted requests, bounded by slots + max_queue. Back-pressure is a typed error
-(Overloaded -> 503 with Retry-After), never a hang.
+State: one ModelState per model name that has been used (its worker when loaded, the requests
+holding it, its keep-alive, when it was last used, whether it is retiring); at most `max_loaded`
+local workers are kept and the others retire when their last request finishes; one load in flight
+per model (concurrent requests share it); the count of admitted requests, bounded by slots +
+max_queue. Back-pressure is a typed error (Overloaded -> 503 with Retry-After), never a hang.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmd.backends.base import (
@@ -43,6 +44,18 @@ CRASH_WINDOW_S = 60.0  # ... within this many seconds stop it being started agai
 WorkerFactory = Callable[[str, EngineConfig | None, asyncio.AbstractEventLoop, Callable[[WorkerHandle], None]], WorkerHandle]
 
 
+@dataclass
+class ModelState:
+    """What the scheduler knows of one model. It outlives its worker: a request holds the model
+    (`users`) from before the load, and a keep-alive set by a request applies to the next load."""
+
+    worker: WorkerHandle | None = None
+    users: int = 0  # requests using it, from before its load to their end: it is never stopped under them
+    keep_alive: float | None = None  # seconds (None: forever); the daemon's until a request sets one
+    last_used: float = 0.0  # monotonic
+    retiring: bool = False  # stop it once `users` is 0
+
+
 class Scheduler:
     def __init__(self, settings: Settings, registry: Registry, worker_factory: WorkerFactory = WorkerHandle) -> None:
         self.settings = settings
@@ -50,11 +63,7 @@ class Scheduler:
         self._factory = worker_factory
         self.max_loaded = settings.max_loaded
         self.keep_alive = parse_duration(settings.keep_alive)
-        self.workers: dict[str, WorkerHandle] = {}
-        self._keep: dict[str, float | None] = {}  # model -> keep_alive seconds (None: forever)
-        self._last_used: dict[str, float] = {}
-        self._retiring: set[str] = set()
-        self._users: dict[str, int] = {}  # requests using each model, from before its load to their end
+        self.models: dict[str, ModelState] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._standby: WorkerHandle | None = None  # a started worker waiting for its model
         self.probe: Probe | None = None  # set by the app at start (NVML can take a moment)
@@ -74,6 +83,23 @@ class Scheduler:
         self.repack_record = RepackRecord(settings.paths.repack_record)
         self._crash_times: dict[str, deque[float]] = {}  # model -> when its workers died, for the breaker
         self.unavailable: dict[str, str] = {}  # model -> why it is not started again (crash loop)
+
+    @property
+    def workers(self) -> dict[str, WorkerHandle]:
+        """The loaded models' workers, by name."""
+        return {n: m.worker for n, m in self.models.items() if m.worker is not None}
+
+    def state(self, name: str) -> ModelState:
+        if name not in self.models:
+            self.models[name] = ModelState(keep_alive=self.keep_alive)
+        return self.models[name]
+
+    def _keep_of(self, name: str) -> float | None:
+        return self.state(name).keep_alive
+
+    def _loaded(self, name: str, worker: WorkerHandle) -> None:
+        m = self.state(name)
+        m.worker, m.last_used, m.retiring = worker, time.monotonic(), False
 
     @property
     def loading(self) -> list[str]:
@@ -180,10 +206,7 @@ class Scheduler:
         worker.info["repack"] = decision.as_dict()
         worker.info["memory_estimate"] = estimate.as_dict() if estimate else {}
         worker.info["draft"] = draft["name"] if draft else None
-        self.workers[name] = worker
-        self._keep.setdefault(name, self.keep_alive)
-        self._last_used[name] = time.monotonic()
-        self._retiring.discard(name)
+        self._loaded(name, worker)
         log.info("loaded %s in worker pid %s (%.2fs)", name, worker.pid, worker.info.get("load_s", 0))
         self._retire_idle(keep=name)
         self._ensure_reaper()
@@ -198,10 +221,7 @@ class Scheduler:
         cfg = EngineConfig(model_path=spec.urls[0], model_name=name, n_ctx=self.settings.ctx, n_slots=0, chunk=0,
                            model_digest=row["digest"])
         handle = await RemoteHandle(spec, cfg, asyncio.get_running_loop()).start()
-        self.workers[name] = handle  # type: ignore[assignment]  # the same shape as a WorkerHandle
-        self._keep.setdefault(name, self.keep_alive)
-        self._last_used[name] = time.monotonic()
-        self._retiring.discard(name)
+        self._loaded(name, handle)  # type: ignore[arg-type]  # the same shape as a WorkerHandle
         self._ensure_reaper()
         self.touch()
         return handle  # type: ignore[return-value]
@@ -299,7 +319,7 @@ class Scheduler:
             return
         name = worker.cfg.model_name
         if self.workers.get(name) is worker:
-            del self.workers[name]
+            self.state(name).worker = None
             code = worker.process.exitcode
             if code not in (0, None):
                 self.crashes += 1
@@ -311,24 +331,24 @@ class Scheduler:
         """Stop workers beyond max_loaded (least recently used first), and those asked to unload,
         once they have no open requests: a stream in flight always finishes."""
         keep = keep or self.active_model
-        local = [n for n, w in self.workers.items() if not getattr(w, "remote", False)]  # remote ones hold no memory
-        extra = sorted((n for n in local if n != keep), key=lambda n: self._last_used.get(n, 0.0))
+        workers = self.workers
+        local = [n for n, w in workers.items() if not getattr(w, "remote", False)]  # remote ones hold no memory
+        extra = sorted((n for n in local if n != keep), key=lambda n: self.models[n].last_used)
         over = len(local) - self.max_loaded
         for name in extra:
             if over > 0:
-                self._retiring.add(name)
+                self.models[name].retiring = True
                 over -= 1
-        for name in list(self._retiring):
-            worker = self.workers.get(name)
-            if worker is None:
-                self._retiring.discard(name)
-            elif not self._users.get(name):
+        for name, m in self.models.items():
+            if m.retiring and m.worker is None:
+                m.retiring = False
+            elif m.retiring and not m.users:
                 self._stop(name)
 
     def _stop(self, name: str) -> None:
-        worker = self.workers.pop(name)
-        self._retiring.discard(name)
-        self._keep.pop(name, None)
+        m = self.models[name]
+        worker, m.worker, m.retiring, m.keep_alive = m.worker, None, False, self.keep_alive
+        assert worker is not None
         log.info("unloading %s (worker pid %s)", name, worker.pid)
         self.touch()
         asyncio.get_running_loop().run_in_executor(None, worker.shutdown)
@@ -337,7 +357,7 @@ class Scheduler:
         """Unload now, or as soon as its open requests finish. False if it was not loaded."""
         if name not in self.workers:
             return False
-        self._retiring.add(name)
+        self.models[name].retiring = True
         self._retire_idle()
         return True
 
@@ -353,18 +373,18 @@ class Scheduler:
     def set_keep_alive(self, name: str, value: str | float | int | None) -> None:
         """Ollama's per-request keep_alive: applies to the model from now on; 0 unloads after the request."""
         try:
-            self._keep[name] = parse_duration(value)
+            self.state(name).keep_alive = parse_duration(value)
         except ValueError as e:
             raise BadRequest(str(e), "keep_alive") from None
 
     def keep_alive_for(self, name: str) -> float | None:
-        return self._keep.get(name, self.keep_alive)
+        return self._keep_of(name)
 
     def expires_at(self, name: str) -> float | None:
-        keep = self._keep.get(name, self.keep_alive)
+        keep = self._keep_of(name)
         if keep is None:
             return None
-        return time.time() + keep - (time.monotonic() - self._last_used.get(name, time.monotonic()))
+        return time.time() + keep - (time.monotonic() - (self.state(name).last_used or time.monotonic()))
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():
@@ -380,10 +400,11 @@ class Scheduler:
                 if silent > self.settings.hang_s and worker.hung_for is None:
                     worker.kill_hung(silent)
                     continue
-                keep = self._keep.get(name, self.keep_alive)
-                if keep is None or self._users.get(name):
+                keep = self._keep_of(name)
+                m = self.models[name]
+                if keep is None or m.users:
                     continue
-                left = self._last_used.get(name, now) + keep - now
+                left = m.last_used + keep - now
                 if left <= 0:
                     self._stop(name)
                 else:
@@ -406,7 +427,7 @@ class Scheduler:
         self.in_flight += 1
         self.touch()
         name = model or self.active_model
-        self._users[name] = self._users.get(name, 0) + 1
+        self.state(name).users += 1
         users = [name]  # models this request holds loaded (a remote model's fallback too)
         try:
             worker, load_s = await self.worker_for(name)
@@ -430,7 +451,7 @@ class Scheduler:
                         if fallback and not started and isinstance(err, ModelUnavailable) and fallback != name:
                             # every upstream is down: the local model configured for it answers
                             log.warning("%s: %s; answering with the fallback %s", name, err.message, fallback)
-                            self._users[fallback] = self._users.get(fallback, 0) + 1
+                            self.state(fallback).users += 1
                             users.append(fallback)
                             worker, _ = await self.worker_for(fallback)
                             if timing is not None:
@@ -452,10 +473,10 @@ class Scheduler:
             self.in_flight -= 1
             self.touch()
             for used in users:
-                self._users[used] -= 1
-                self._last_used[used] = time.monotonic()
-            if self._keep.get(name, self.keep_alive) == 0 and name in self.workers:
-                self._retiring.add(name)  # keep_alive 0: unload as soon as the request is done
+                self.models[used].users -= 1
+                self.models[used].last_used = time.monotonic()
+            if self._keep_of(name) == 0 and name in self.workers:
+                self.models[name].retiring = True  # keep_alive 0: unload as soon as the request is done
             self._retire_idle()
 
     # ---- status and shutdown ------------------------------------------------------------------
@@ -475,7 +496,7 @@ class Scheduler:
         for name, w in list(self.workers.items()):
             stats = await w.stats()
             loaded.append({"name": name, "pid": w.pid, "since": w.started, "open_requests": w.open_requests,
-                           "expires_at": self.expires_at(name), "retiring": name in self._retiring,
+                           "expires_at": self.expires_at(name), "retiring": self.models[name].retiring,
                            **{k: v for k, v in w.info.items() if k not in ("pid",)}, "stats": stats})
         return {
             "active_model": self.active_model,
@@ -495,7 +516,9 @@ class Scheduler:
             self._reaper.cancel()
         for task in list(self._loads.values()):
             task.cancel()
-        workers, self.workers = list(self.workers.values()), {}
+        workers = list(self.workers.values())
+        for m in self.models.values():
+            m.worker = None
         if self._standby is not None:
             workers.append(self._standby)
             self._standby = None
