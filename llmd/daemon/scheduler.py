@@ -5,6 +5,11 @@ holding it, its keep-alive, when it was last used, whether it is retiring); at m
 local workers are kept and the others retire when their last request finishes; one load in flight
 per model (concurrent requests share it); the count of admitted requests, bounded by slots +
 max_queue. Back-pressure is a typed error (Overloaded -> 503 with Retry-After), never a hang.
+
+It is one module of about 500 lines because loading, the crash-loop breaker, retiring and routing
+all read and change the same ModelState records and load tasks; what stands alone lives elsewhere:
+the backend choice (backends/select.py), the repack record (backends/repack.py), the worker
+process (backends/worker.py), remote models (backends/remote/handle.py).
 """
 
 from __future__ import annotations

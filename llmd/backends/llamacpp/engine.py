@@ -13,10 +13,10 @@ slot with its own native sampler chain. Two batching policies (DESIGN: Two batch
   slots re-prefill their replies. Greedy output is then the same whatever is cached or running.
 Both keep one KV stream per slot (see __init__ for the measurements).
 
-It stays one module of about 600 lines because the step loop's parts (admission, the batch,
-sampling, finishing, idle work) all act on the same slots and batch; what can stand alone lives
-beside it: context.py (llama.cpp setup), chunks.py (exact chunk boundaries), prefix_cache.py,
-speculation.py, slots.py.
+It stays one module of about 670 lines because the step loop's parts (admission, disk reads in
+flight, the batch, sampling, finishing, idle work) all act on the same slots and batch; what can
+stand alone lives beside it: context.py (llama.cpp setup), chunks.py (exact chunk boundaries),
+prefix_cache.py (restore and save; its reader and writer threads), speculation.py, slots.py.
 """
 
 from __future__ import annotations
