@@ -37,6 +37,7 @@ from llmd.errors import BadRequest, LlmdError, ModelNotFound, ModelUnavailable, 
 
 log = logging.getLogger("llmd.remote")
 CONNECT_S = 5.0
+QUEUE_EVENTS = 256  # events relayed ahead of the client at most
 
 
 class _Unreachable(Exception):
@@ -94,7 +95,9 @@ class RemoteHandle:
         return any(u.up for u in self.upstreams)
 
     def submit(self, req: GenerationRequest | EmbedRequest) -> asyncio.Queue[Event]:
-        queue: asyncio.Queue[Event] = asyncio.Queue()
+        # bounded: when the client reads slower than the upstream writes, the relay stops reading the
+        # upstream (TCP pushes back to it) instead of buffering the reply here
+        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=QUEUE_EVENTS)
         if isinstance(req, GenerationRequest):
             problem = self._unsupported(req)
             if problem is not None:
@@ -170,16 +173,16 @@ class RemoteHandle:
                                 up.url, e)
             down = "; ".join(tried + [f"{u.url} (down: {u.last_error or 'failed its health check'})"
                                       for u in self.upstreams if u.url not in " ".join(tried)])
-            queue.put_nowait(ErrorEvent(req.id, ModelUnavailable(
+            await queue.put(ErrorEvent(req.id, ModelUnavailable(
                 f"no upstream of {self.cfg.model_name} is up: {down}; retry when one is back, or add the model with "
                 "--fallback LOCAL_MODEL to answer locally meanwhile").to_wire()))
         except LlmdError as e:
-            queue.put_nowait(ErrorEvent(req.id, e.to_wire()))
+            await queue.put(ErrorEvent(req.id, e.to_wire()))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug: fail this request, keep serving
             log.exception("remote model %s: request %s failed", self.cfg.model_name, req.id)
-            queue.put_nowait(ErrorEvent(req.id, UpstreamError(f"relaying to the upstream failed: {e}").to_wire()))
+            await queue.put(ErrorEvent(req.id, UpstreamError(f"relaying to the upstream failed: {e}").to_wire()))
         finally:
             self._tasks.pop(req.id, None)
 
@@ -252,7 +255,7 @@ class RemoteHandle:
                             t_first = t_first or now
                             t_last = now
                             n += 1
-                            queue.put_nowait(TokenEvent(req.id, text, 1))
+                            await queue.put(TokenEvent(req.id, text, 1))
                         finish = choice.get("finish_reason") or finish
             finally:
                 await cm.__aexit__(None, None, None)
@@ -266,7 +269,7 @@ class RemoteHandle:
             raise UpstreamError(f"the upstream {up.url} ended its event stream without finishing the reply "
                                 f"({n} tokens arrived)")
         cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0
-        queue.put_nowait(FinalEvent(req.id, "length" if finish == "length" else "stop", Usage(
+        await queue.put(FinalEvent(req.id, "length" if finish == "length" else "stop", Usage(
             prompt_tokens=int(usage.get("prompt_tokens") or 0), completion_tokens=int(usage.get("completion_tokens") or n),
             cached_tokens=int(cached), ttft_s=(t_first - t0) if t_first else 0.0,
             prefill_s=(t_first - t0) if t_first else 0.0, decode_s=(t_last - t_first) if t_first else 0.0)))
@@ -288,7 +291,7 @@ class RemoteHandle:
         except (ValueError, KeyError, TypeError) as e:
             raise UpstreamError(f"the upstream {up.url} answered embeddings in an unknown shape: {e}") from e
         unit = [v / (float(np.linalg.norm(v)) or 1.0) for v in vectors]
-        queue.put_nowait(EmbedResult(req.id, tuple(v.astype(np.float32).tobytes() for v in unit),
+        await queue.put(EmbedResult(req.id, tuple(v.astype(np.float32).tobytes() for v in unit),
                                      tuple(0 for _ in unit), int(unit[0].shape[0]) if unit else 0))
 
     def _error_of(self, up: Upstream, status: int, raw: bytes) -> LlmdError:
