@@ -67,7 +67,7 @@ def main() -> None:
         tps_p, tps_o = med([s.decode_tps for s in peer]), med([s.decode_tps for s in ours])
         print(f"{'':<24} {'llama-server':>12} {'via llmd':>9} {'via llmd / direct':>18}")
         print(f"{'TTFT ms':<24} {ttft_p * 1000:>12.1f} {ttft_o * 1000:>9.1f} {ttft_o / ttft_p:>18.3f}"
-              f"   (+{(ttft_o - ttft_p) * 1000:.1f} ms)")
+              f"   ({(ttft_o - ttft_p) * 1000:+.1f} ms)")
         print(f"{'decode tok/s':<24} {tps_p:>12.1f} {tps_o:>9.1f} {tps_o / tps_p:>18.3f}")
         cached = httpx.Client(timeout=600)
         body = {"model": "remote", "max_tokens": args.tokens, "temperature": 0,
