@@ -6,7 +6,6 @@ X-Linked-Size) and Range requests. Switches: `corrupt` serves other bytes than t
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,15 +16,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from thread_server import ThreadServer
 
+from llmd.models.registry import file_digest
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -34,13 +27,14 @@ class FakeHub:
     corrupt: set[str] = field(default_factory=set)
     rate: float = 0.0
     ranges: list[str] = field(default_factory=list)
+    downloads: list[str] = field(default_factory=list)  # files whose body was sent (GET)
     _sha: dict[Path, str] = field(default_factory=dict)
 
     def add(self, repo: str, files: dict[str, Path]) -> None:
         self.repos[repo] = files
         for p in files.values():
             if p not in self._sha:
-                self._sha[p] = _sha256(p)
+                self._sha[p] = file_digest(p).removeprefix("sha256:")
 
     def app(self) -> Starlette:
         return Starlette(routes=[
@@ -77,6 +71,7 @@ class FakeHub:
             start = int(rng.removeprefix("bytes=").split("-")[0])
         if request.method == "HEAD":
             return Response(headers={**headers, "Content-Length": str(size)})
+        self.downloads.append(name)
         corrupt, rate = name in self.corrupt, self.rate
 
         def body():

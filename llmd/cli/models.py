@@ -232,10 +232,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     settings, registry = _local_registry(args)
     tasks: dict[str, Any] = {}
+    shown: list[str] = []
     bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeRemainingColumn(), disable=args.json)
 
     def planned(p: PullPlan) -> None:
+        shown.extend(p.notes)
         for note in p.notes:
             print(f"note: {note}", file=sys.stderr)
         print(f"pulling {p.ref.repo} {p.quant} at {p.revision[:12]} as {p.name}: "
@@ -253,6 +255,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print("\ninterrupted: nothing was registered; the downloaded part is kept, run the same command to "
               "resume", file=sys.stderr)
         return 130
+    for note in row["notes"][len(shown):]:  # what the pull itself found (an already pulled model)
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         return print_json(row)
     print(f"pulled {row['name']}: {row['arch']}, {row['quantization']}, {mib(row['size'])} ({row['path']})")

@@ -99,9 +99,6 @@ class Scheduler:
             self.models[name] = ModelState(keep_alive=self.keep_alive)
         return self.models[name]
 
-    def _keep_of(self, name: str) -> float | None:
-        return self.state(name).keep_alive
-
     def _loaded(self, name: str, worker: WorkerHandle) -> None:
         m = self.state(name)
         m.worker, m.last_used, m.retiring = worker, time.monotonic(), False
@@ -383,10 +380,10 @@ class Scheduler:
             raise BadRequest(str(e), "keep_alive") from None
 
     def keep_alive_for(self, name: str) -> float | None:
-        return self._keep_of(name)
+        return self.state(name).keep_alive
 
     def expires_at(self, name: str) -> float | None:
-        keep = self._keep_of(name)
+        keep = self.keep_alive_for(name)
         if keep is None:
             return None
         return time.time() + keep - (time.monotonic() - (self.state(name).last_used or time.monotonic()))
@@ -405,7 +402,7 @@ class Scheduler:
                 if silent > self.settings.hang_s and worker.hung_for is None:
                     worker.kill_hung(silent)
                     continue
-                keep = self._keep_of(name)
+                keep = self.keep_alive_for(name)
                 m = self.models[name]
                 if keep is None or m.users:
                     continue
@@ -445,7 +442,7 @@ class Scheduler:
                     req = replace(req, more_coming=True)
             queue = worker.submit(req)
             finished = False
-            fallback = getattr(worker, "spec", None) and worker.spec.fallback  # type: ignore[attr-defined]
+            fallback: str | None = getattr(worker, "fallback", None)  # a remote model's local stand-in
             started = False
             try:
                 while True:
@@ -480,7 +477,7 @@ class Scheduler:
             for used in users:
                 self.models[used].users -= 1
                 self.models[used].last_used = time.monotonic()
-            if self._keep_of(name) == 0 and name in self.workers:
+            if self.keep_alive_for(name) == 0 and name in self.workers:
                 self.models[name].retiring = True  # keep_alive 0: unload as soon as the request is done
             self._retire_idle()
 

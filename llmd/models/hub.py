@@ -15,7 +15,6 @@ renamed into place. Nothing is registered until every file is in place and check
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -210,6 +209,8 @@ def _fetch(p: PullPlan, f: HubFile, dest: Path, progress: Progress | None) -> No
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
+    from llmd.models.registry import file_digest  # the registry imports this module
+
     target = dest / f.name
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() and target.stat().st_size == f.size:
@@ -235,21 +236,13 @@ def _fetch(p: PullPlan, f: HubFile, dest: Path, progress: Progress | None) -> No
         raise UpstreamError(f"downloading {f.name} from {p.ref.repo} failed: {e}; run the pull again to resume "
                             f"({_have(target)} of {f.size} bytes are kept)") from e
     if expected is not None:
-        got = _sha256(part)
+        got = file_digest(part).removeprefix("sha256:")
         if got != expected:
             part.unlink()
             raise UpstreamError(f"{f.name} from {p.ref.repo} does not match the sha256 the Hub lists (expected "
                                 f"{expected}, got {got}); the download was deleted and nothing was registered: "
                                 "pull again")
     os.replace(part, target)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _bar(f: HubFile, progress: Progress | None) -> type:

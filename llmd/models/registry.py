@@ -20,6 +20,7 @@ from llmd.errors import BadRequest, ModelNotFound
 from llmd.models.catalog import find_packaged
 from llmd.models.checkpoint import read_checkpoint
 from llmd.models.gguf import read_gguf
+from llmd.models.hub import files_of, is_hub_ref, parse_ref
 from llmd.models.vocab import incompatibilities, read_vocab
 
 
@@ -174,8 +175,6 @@ class Registry:
         deletes = self.deletes_files(row)
         self.db.table("models").delete(name)
         if deletes:
-            from llmd.models.hub import files_of
-
             for f in files_of(Path(row["path"])):  # every part of a split model
                 f.unlink(missing_ok=True)
         return {**row, "deleted_file": deletes}
@@ -183,8 +182,8 @@ class Registry:
     def deletes_files(self, row: dict[str, Any]) -> bool:
         """Whether removing `row` deletes its file: only one llmd made (quantized or pulled), never
         another tool's (ollama, lmstudio, hf imports) or a user's, and not while a copy uses it."""
-        others = [r for r in self.db.table("models").rows_where("path = ? and name != ?", [row["path"], row["name"]])]
-        return row["source"] in OWNED and not others
+        shared = self.db.table("models").count_where("path = ? and name != ?", [row["path"], row["name"]])
+        return row["source"] in OWNED and not shared
 
     def copy(self, source: str, destination: str) -> dict[str, Any]:
         """Register the same file under another name (Ollama's copy): no bytes are copied."""
@@ -201,7 +200,7 @@ class Registry:
         row = self._row(name)
         if row is None and name.endswith(":latest"):  # Ollama's default tag names the untagged model
             row = self._row(name[: -len(":latest")])
-        if row is None and name.lower().startswith(("hf.co/", "huggingface.co/")):  # as pulled
+        if row is None and is_hub_ref(name):  # a model pulled by this reference
             row = self._by_origin(name)
         if row is None:
             known = ", ".join(r["name"] for r in self.list()) or "none"
@@ -212,8 +211,6 @@ class Registry:
         return self._row(name) is not None
 
     def _by_origin(self, ref: str) -> dict[str, Any] | None:
-        from llmd.models.hub import parse_ref
-
         try:
             origin = parse_ref(ref).origin
         except BadRequest:

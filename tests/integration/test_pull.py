@@ -70,7 +70,7 @@ def registered(env: dict[str, str]) -> dict[str, dict]:
 
 
 def test_pull_picks_the_closest_quantization_registers_loads_and_rm_deletes_it(tmp_path: Path, hub):
-    _, server = hub
+    fake, server = hub
     env = env_for(tmp_path / "home", server)
     r = llmd(env, "pull", REPO)  # Q4_K_M asked for (the default), the repo has Q4_1
     assert r.returncode == 0, r.stderr
@@ -82,7 +82,8 @@ def test_pull_picks_the_closest_quantization_registers_loads_and_rm_deletes_it(t
 
     assert row["digest"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()  # the Hub's, checked
     again = llmd(env, "pull", REPO)
-    assert again.returncode == 0 and "already pulled" not in again.stdout  # nothing downloaded twice
+    assert again.returncode == 0 and "was already pulled" in again.stderr, again.stderr
+    assert fake.downloads == [FILE]  # nothing downloaded twice
     d = Daemon(tmp_path / "home", env={k: env[k] for k in ("HF_ENDPOINT", "HF_HOME")}).start()
     try:
         c = httpx.post(d.url + "/v1/chat/completions", timeout=300, json={

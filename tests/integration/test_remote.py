@@ -117,7 +117,6 @@ def test_failover_when_an_upstream_dies_mid_run(front: Daemon, llama_server: Lla
                     other.proc.kill()  # the upstream serving this request dies
         events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
         assert "error" in events[-1] and other.url in events[-1]["error"]["message"], events[-1]
-        assert lines[-1] != "data: [DONE]" or "error" in events[-1]
         # new requests go to the upstream that is left
         ok = httpx.post(front.url + "/v1/chat/completions", json={"model": "pair", **CHAT},
                         headers={"Cache-Control": "no-store"}, timeout=60)

@@ -51,6 +51,7 @@ class RemoteHandle:
 
     def __init__(self, spec: RemoteSpec, cfg: EngineConfig, loop: asyncio.AbstractEventLoop) -> None:
         self.spec = spec
+        self.fallback = spec.fallback  # the local model the scheduler turns to when every upstream is down
         self.cfg = cfg
         self.loop = loop
         self.upstreams = [Upstream(u) for u in spec.urls]
@@ -58,8 +59,7 @@ class RemoteHandle:
         self.alive = True
         self.started = time.time()
         self.info: dict[str, Any] = {"engine": "remote", "model": cfg.model_name, "kind": spec.kind,
-                                     "upstream_model": spec.upstream_model, "n_ctx": cfg.n_ctx,
-                                     "tool_format": "generic", "load_s": 0.0}
+                                     "upstream_model": spec.upstream_model, "n_ctx": cfg.n_ctx, "load_s": 0.0}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._health: asyncio.Task[None] | None = None
 
@@ -156,7 +156,6 @@ class RemoteHandle:
         return sorted((u for u in self.upstreams if u.up), key=lambda u: u.in_flight)
 
     async def _run(self, req: GenerationRequest | EmbedRequest, queue: asyncio.Queue[Event]) -> None:
-        tried: list[str] = []
         try:
             for up in self._order():
                 try:
@@ -168,11 +167,10 @@ class RemoteHandle:
                     return
                 except _Unreachable as e:
                     up.mark_down(str(e))
-                    tried.append(f"{up.url} ({e})")
                     log.warning("remote model %s: upstream %s unreachable (%s); trying the next", self.cfg.model_name,
                                 up.url, e)
-            down = "; ".join(tried + [f"{u.url} (down: {u.last_error or 'failed its health check'})"
-                                      for u in self.upstreams if u.url not in " ".join(tried)])
+            # every upstream is down now, each with its reason (those just tried included)
+            down = "; ".join(f"{u.url} ({u.last_error or 'failed its health check'})" for u in self.upstreams)
             await queue.put(ErrorEvent(req.id, ModelUnavailable(
                 f"no upstream of {self.cfg.model_name} is up: {down}; retry when one is back, or add the model with "
                 "--fallback LOCAL_MODEL to answer locally meanwhile").to_wire()))
@@ -219,10 +217,10 @@ class RemoteHandle:
         usage: dict[str, Any] = {}
         up.in_flight += 1
         try:
+            request = self.client.build_request("POST", url, json=self._body(req), headers=self._headers())
             try:
-                cm = self.client.stream("POST", url, json=self._body(req), headers=self._headers())
-                r = await cm.__aenter__()
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                r = await self.client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing was sent: the next may serve it
                 raise _Unreachable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
             try:
                 if r.status_code != 200:
@@ -258,7 +256,7 @@ class RemoteHandle:
                             await queue.put(TokenEvent(req.id, text, 1))
                         finish = choice.get("finish_reason") or finish
             finally:
-                await cm.__aexit__(None, None, None)
+                await r.aclose()  # a cancelled request closes the connection: the upstream stops
         except httpx.HTTPError as e:  # after it answered: the reply is cut, and the upstream suspect
             up.mark_down(f"{type(e).__name__}: {e}")
             raise UpstreamError(f"the upstream {up.url} failed during the reply ({type(e).__name__}: {e}); "

@@ -20,6 +20,7 @@ from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent,
 from llmd.chat.formats import ChatFormat, detect
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.errors import BadRequest, ClientGone, LlmdError
+from llmd.models.hub import is_hub_ref
 
 M = TypeVar("M", bound=BaseModel)
 _log = logging.getLogger("llmd.requests")
@@ -103,7 +104,7 @@ def canonical_name(registry: Any, name: str) -> str:
     model pulled by it (one worker, one cache key)."""
     if name.endswith(":latest") and not registry.has(name):
         return name[: -len(":latest")]
-    if name.lower().startswith(("hf.co/", "huggingface.co/")) and not registry.has(name):
+    if is_hub_ref(name) and not registry.has(name):
         try:  # a pulled model answers to the Hub reference it was pulled by
             return str(registry.get(name)["name"])
         except LlmdError:

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmd.daemon.routes._common import parse_body
+from llmd.daemon.routes._common import canonical_name, parse_body
 from llmd.errors import BadRequest, LlmdError
 from llmd.models.hub import HubFile, PullPlan, is_hub_ref, pull
 
@@ -59,7 +59,7 @@ async def pull_model(request: Request) -> Response:
     name = _model_of(body)
     registry = request.app.state.registry
     if not is_hub_ref(name):
-        if registry.has(name) or registry.has(name.removesuffix(":latest")):
+        if registry.has(canonical_name(registry, name)):
             return _already(body.stream)
         raise BadRequest(f"llmd pulls GGUF models from the Hugging Face Hub; {name!r} is not registered and not a "
                          "Hub reference: pull hf.co/USER/REPO[:QUANT] (e.g. hf.co/bartowski/Qwen2.5-0.5B-Instruct-GGUF"
