@@ -18,7 +18,7 @@ REPLY = "The lighthouse keeper lit the lamp at dusk."
 
 @dataclass
 class FakeUpstream:
-    mode: str = "ok"  # ok | malformed | error500 | truncated
+    mode: str = "ok"  # ok | malformed | error500 | truncated | tools (vLLM's shape) | badcall
     seen_auth: list[str] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -38,6 +38,9 @@ class FakeUpstream:
             return JSONResponse({"error": {"message": "CUDA out of memory", "type": "server_error"}}, status_code=500)
 
         def events():
+            if self.mode in ("tools", "badcall"):
+                yield from self.tool_events()
+                return
             if self.mode == "malformed":
                 yield b"data: {\"choices\": [{\"delta\": {\"content\": \"The\"}}]}\n\n"
                 yield b"this is not an event stream\n\n"
@@ -56,3 +59,24 @@ class FakeUpstream:
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    def tool_events(self):
+        """Reasoning, a little content, then two calls whose names and arguments arrive in pieces, the
+        id only in a call's first delta (as vLLM and SGLang stream them)."""
+        args = '{"city": "Paris"' if self.mode == "badcall" else '{"city": "Paris", "days": 2}'
+        deltas = [{"reasoning_content": "The user wants"}, {"reasoning_content": " the weather."},
+                  {"content": "Checking."},
+                  {"tool_calls": [{"index": 0, "id": "call_up_1", "type": "function",
+                                   "function": {"name": "get_", "arguments": ""}}]},
+                  {"tool_calls": [{"index": 0, "function": {"name": "weather", "arguments": args[:9]}}]},
+                  {"tool_calls": [{"index": 0, "function": {"arguments": args[9:]}}]},
+                  {"tool_calls": [{"index": 1, "id": "call_up_2", "type": "function",
+                                   "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}]
+        for d in deltas:
+            chunk = {"id": "x", "object": "chat.completion.chunk", "model": "fake-model",
+                     "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+               "usage": {"prompt_tokens": 30, "completion_tokens": 25, "total_tokens": 55}}
+        yield f"data: {json.dumps(end)}\n\n".encode()
+        yield b"data: [DONE]\n\n"

@@ -71,6 +71,8 @@ class EmbedResult:
 
 # one sampled token: (its text, its logprob, [(text, logprob) of the most likely tokens])
 TokenLogprob = tuple[str, float, tuple[tuple[str, float], ...]]
+# a tool call an engine parsed itself (a remote upstream): (its id, the tool's name, the arguments as JSON text)
+StructuredCall = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class TokenEvent:
     text: str
     n_tokens: int  # tokens this piece of text came from (0 when held back text is released)
     logprobs: tuple[TokenLogprob, ...] = ()  # when asked for: the tokens sampled since the last event
+    # calls that arrive structured rather than as text to parse (remote upstreams; the routes'
+    # parser hands them out with the reply's end); local engines write calls as text
+    tool_calls: tuple[StructuredCall, ...] = ()
 
 
 @dataclass(frozen=True)

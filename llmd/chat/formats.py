@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ToolFormat = Literal["hermes", "llama3", "mistral", "gemma", "generic"]
+# "structured": the calls arrive parsed (a remote upstream parses its model's output itself)
+ToolFormat = Literal["hermes", "llama3", "mistral", "gemma", "generic", "structured"]
 
 @dataclass(frozen=True)
 class ChatFormat:
@@ -40,3 +41,8 @@ def detect(template: str | None) -> ChatFormat:
                                               or "parameters" in src):
             fmt = "llama3"
     return ChatFormat(tools=fmt, thinking=thinking)
+
+
+# A remote model: its upstream renders the template and parses calls; reasoning is relayed as a
+# <think> block, so the same parser splits it out for every API.
+STRUCTURED = ChatFormat(tools="structured", thinking=True)

@@ -18,7 +18,7 @@ from typing import Any
 from llmd.chat.formats import ChatFormat
 
 _MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "gemma": ("<start_function_call>", "<|tool_call>"),
-            "llama3": ("<|python_tag|>",), "generic": ()}
+            "llama3": ("<|python_tag|>",), "generic": (), "structured": ()}
 
 
 @dataclass(frozen=True)
@@ -232,12 +232,15 @@ class ReplyParser:
         self.in_think = False
         self.started = False  # something other than whitespace was seen
         self.generic_answer: int | None = None  # generic format: where the "response" string starts
+        self.structured: list[ToolCall] = []  # calls that arrived parsed: handed out at the end
         self.reply = Reply("", "", [])
 
     def _markers(self) -> tuple[str, ...]:
         return _MARKERS[self.fmt.tools] if self.tools else ()
 
-    def feed(self, text: str) -> Delta:
+    def feed(self, text: str, calls: tuple[tuple[str, str, str], ...] = ()) -> Delta:
+        """`calls`: structured (id, name, arguments) calls from an engine that parsed them itself."""
+        self.structured += [ToolCall(name, args, call_id) for call_id, name, args in calls]
         self.buf += text
         out = Delta()
         while True:
@@ -267,7 +270,8 @@ class ReplyParser:
                     self.in_think = True
                     continue
                 self.started = True
-                if self.tools and (stripped[0] in "{[`" or self.fmt.tools == "generic"):
+                if self.tools and self.fmt.tools != "structured" and (stripped[0] in "{[`"
+                                                                      or self.fmt.tools == "generic"):
                     self.buf, self.held = stripped, True  # a JSON call (or the generic shape) may follow
                     continue
             markers = self._markers()
@@ -305,6 +309,8 @@ class ReplyParser:
             out.content = content if self.generic_answer is None else ""
         else:
             out.content += rest
+        out.tool_calls += self.structured
+        self.structured = []
         self._record(out)
         return out
 
@@ -313,9 +319,9 @@ class ReplyParser:
         self.reply.reasoning += d.reasoning
         self.reply.tool_calls += d.tool_calls
 
-    def parse(self, text: str) -> Reply:
+    def parse(self, text: str, calls: tuple[tuple[str, str, str], ...] = ()) -> Reply:
         """The whole reply at once (non-streamed answers)."""
-        self.feed(text)
+        self.feed(text, calls)
         self.finish()
         self.reply.content = self.reply.content.strip() if self.reply.tool_calls else self.reply.content
         return self.reply

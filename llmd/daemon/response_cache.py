@@ -41,7 +41,12 @@ def _m001_responses(db: sqlite_utils.Database) -> None:
     db.table("responses").create_index(["last_used"])
 
 
-MIGRATIONS = [("001_responses", _m001_responses)]
+def _m002_tool_calls(db: sqlite_utils.Database) -> None:
+    # calls a remote upstream parsed (JSON list of [id, name, arguments]); local replies hold theirs as text
+    db.table("responses").add_column("tool_calls", str, not_null_default="")
+
+
+MIGRATIONS = [("001_responses", _m001_responses), ("002_tool_calls", _m002_tool_calls)]
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Cached:
     pieces: list[str]
     finish_reason: str
     usage: Usage
+    tool_calls: tuple[tuple[str, str, str], ...] = ()
 
 
 def cacheable(req: GenerationRequest) -> bool:
@@ -129,17 +135,21 @@ class ResponseCache:
         self.db.execute("update responses set last_used = ?, hits = hits + 1 where key = ?", [now, key])
         self.db.conn.commit()
         self.hits += 1
-        return Cached(json.loads(row["pieces"]), row["finish_reason"], Usage(**json.loads(row["usage"])))
+        calls = tuple(tuple(c) for c in json.loads(row["tool_calls"])) if row.get("tool_calls") else ()
+        return Cached(json.loads(row["pieces"]), row["finish_reason"], Usage(**json.loads(row["usage"])),
+                      calls)
 
     @_disposable(None)
-    def put(self, key: str, model: str, pieces: list[str], finish_reason: str, usage: Usage) -> None:
+    def put(self, key: str, model: str, pieces: list[str], finish_reason: str, usage: Usage,
+            tool_calls: list[Any] | tuple[Any, ...] = ()) -> None:
         body = json.dumps(pieces, ensure_ascii=False)
         usage_json = json.dumps(dataclasses.asdict(usage))
-        size = len(body.encode()) + len(usage_json) + 128
+        calls = json.dumps([list(c) for c in tool_calls], ensure_ascii=False) if tool_calls else ""
+        size = len(body.encode()) + len(usage_json) + len(calls.encode()) + 128
         now = time.time()
         self.db.table("responses").upsert({"key": key, "model": model, "pieces": body, "finish_reason": finish_reason,
-                                     "usage": usage_json, "size": size, "created_at": now, "last_used": now,
-                                     "hits": 0}, pk="key")
+                                           "usage": usage_json, "tool_calls": calls, "size": size, "created_at": now,
+                                           "last_used": now, "hits": 0}, pk="key")
         self._evict()
 
     def _evict(self) -> None:

@@ -192,3 +192,145 @@ def test_keys_come_from_the_environment_and_are_never_stored_or_logged(front: Da
     assert r.returncode != 0 and "chmod 600" in r.stderr
     r = add_remote(front, "far", "http://10.11.12.13:8000")
     assert r.returncode != 0 and "https" in r.stderr and "--insecure" in r.stderr
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+           "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+             "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+             "required": ["a", "b"]}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tool_calls_pass_through_a_remote_llmd_in_every_api(front: Daemon, tmp_path: Path):
+    """A second llmd parses its model's calls; the front passes them on structured through its four
+    APIs and caches them; a tool result goes back to the upstream with its call's id."""
+    import anthropic
+    import ollama
+    import openai
+
+    other = Daemon(tmp_path / "tooling").start()
+    try:
+        r = add_remote(front, "tooly", other.url, extra=("--upstream-model", "smollm2-135m"))
+        assert r.returncode == 0, r.stderr
+        c = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
+        one = {"tools": TOOLS, "temperature": 0, "max_tokens": 200, "parallel_tool_calls": False,
+               "tool_choice": "required"}  # one call (a tiny model held to calls repeats them)
+        reply = c.chat.completions.create(model="tooly", messages=ASK, **one)  # type: ignore[call-overload]
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+        # the upstream's own answer, passed on whole (the same call the upstream gives directly)
+        direct = openai.OpenAI(base_url=other.url + "/v1", api_key="unused").chat.completions.create(
+            model="smollm2-135m", messages=ASK, extra_headers={"Cache-Control": "no-store"}, **one)  # type: ignore
+        assert json.loads(direct.choices[0].message.tool_calls[0].function.arguments) == json.loads(
+            call.function.arguments)
+        stream = c.chat.completions.create(model="tooly", messages=ASK, stream=True,  # type: ignore[call-overload]
+                                           extra_headers={"Cache-Control": "no-store"}, **one)
+        deltas = [tc for ch in stream if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
+        assert deltas and deltas[0].index == 0 and deltas[0].function.name in ("get_weather", "add")
+        json.loads(deltas[0].function.arguments)
+        # a repeat comes from llmd's cache, calls and ids included
+        again = httpx.post(front.url + "/v1/chat/completions", timeout=60,
+                           json={"model": "tooly", "messages": ASK, **one})
+        assert again.headers["X-LLMD-Cache"] == "hit"
+        assert again.json()["choices"][0]["message"]["tool_calls"][0]["id"] == call.id
+        # Ollama's client (arguments as an object; the tool result names the tool, with no id)
+        o = ollama.Client(host=front.url)
+        asked = o.chat(model="tooly", messages=ASK, tools=TOOLS, options={"temperature": 0, "num_predict": 200})
+        if asked.message.tool_calls:
+            got = asked.message.tool_calls[0].function
+            assert got.name in ("get_weather", "add") and isinstance(got.arguments, dict)
+        history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_name": "get_weather", "content": "sunny, 21 C"}]
+        after = o.chat(model="tooly", messages=history, tools=TOOLS, options={"temperature": 0, "num_predict": 20})
+        assert after.message.content or after.message.tool_calls
+        # Anthropic's Messages API: a tool_use block with the arguments as an object
+        a = anthropic.Anthropic(base_url=front.url, api_key="unused").messages.create(
+            model="tooly", max_tokens=200, messages=ASK, extra_body={"temperature": 0},  # type: ignore[arg-type]
+            tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS],
+            tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True})
+        use = next(b for b in a.content if b.type == "tool_use")
+        assert a.stop_reason == "tool_use" and use.name == "get_weather" and isinstance(use.input["city"], str)
+        # the Responses API: a function_call output item
+        resp = c.responses.create(model="tooly", input="What is the weather in Paris?", temperature=0,
+                                  max_output_tokens=200, tool_choice="required", parallel_tool_calls=False,
+                                  tools=[{"type": "function", "name": t["function"]["name"],
+                                          "parameters": t["function"]["parameters"], "strict": False}
+                                         for t in TOOLS])  # type: ignore[arg-type]
+        fc = next(i for i in resp.output if i.type == "function_call")
+        assert fc.name in ("get_weather", "add") and isinstance(json.loads(fc.arguments), dict)
+    finally:
+        other.stop()
+
+
+def test_reasoning_and_calls_streamed_in_pieces_are_assembled(front: Daemon):
+    """An upstream in vLLM's shape: reasoning_content, content, then two calls whose names and
+    arguments arrive in fragments with the id only in the first; the upstream's ids are kept."""
+    import ollama
+    import openai
+
+    fake = FakeUpstream(mode="tools")
+    with ThreadServer(fake.app()) as server:
+        assert add_remote(front, "vllm-like", server.url).returncode == 0
+        c = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
+        m = c.chat.completions.create(model="vllm-like", messages=ASK, tools=TOOLS).choices[0]  # type: ignore[arg-type]
+        assert m.finish_reason == "tool_calls" and m.message.content == "Checking."
+        assert m.message.model_extra["reasoning_content"] == "The user wants the weather."
+        assert [(t.id, t.function.name, json.loads(t.function.arguments)) for t in m.message.tool_calls] == [
+            ("call_up_1", "get_weather", {"city": "Paris", "days": 2}), ("call_up_2", "add", {"a": 1, "b": 2})]
+        sent = fake.requests[-1]
+        assert sent["tools"] == TOOLS and sent["tool_choice"] == "auto"
+        chunks = [ch for ch in c.chat.completions.create(model="vllm-like", messages=ASK, tools=TOOLS,  # type: ignore
+                                                         stream=True) if ch.choices]
+        calls = [tc for ch in chunks for tc in ch.choices[0].delta.tool_calls or []]
+        assert [(t.index, t.id, t.function.name) for t in calls] == [(0, "call_up_1", "get_weather"),
+                                                                     (1, "call_up_2", "add")]
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Checking."
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        o = ollama.Client(host=front.url).chat(model="vllm-like", messages=ASK, tools=TOOLS)
+        assert o.message.thinking == "The user wants the weather." and o.message.content == "Checking."
+        assert [t.function.arguments for t in o.message.tool_calls] == [{"city": "Paris", "days": 2}, {"a": 1, "b": 2}]
+        # a tool result without an id (Ollama's clients name the tool) reaches the upstream with its call's id
+        ollama.Client(host=front.url).chat(model="vllm-like", tools=TOOLS, messages=[
+            *ASK, {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
+                {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_name": "get_weather", "content": "sunny"},
+            {"role": "tool", "tool_name": "add", "content": "3"}])
+        hist = fake.requests[-1]["messages"]
+        ids = [tc["id"] for tc in hist[1]["tool_calls"]]
+        assert [h["tool_call_id"] for h in hist[2:]] == [ids[1], ids[0]] and all(ids)
+    fake = FakeUpstream(mode="badcall")
+    with ThreadServer(fake.app()) as server:
+        assert add_remote(front, "badcall", server.url).returncode == 0
+        r = httpx.post(front.url + "/v1/chat/completions", json={"model": "badcall", "messages": ASK, "tools": TOOLS},
+                       timeout=60)
+        assert r.status_code == 200 or r.status_code == 502, r.text
+        assert "tool call that llmd cannot pass on" in r.text and server.url in r.text
+
+
+def test_logprobs_pass_through(front: Daemon, llama_server: LlamaServer):
+    import openai
+
+    if llmd(front, "models", "show", "team").returncode != 0:
+        assert add_remote(front, "team", llama_server.url).returncode == 0
+    c = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
+    r = c.chat.completions.create(model="team", messages=CHAT["messages"], max_tokens=8, temperature=0,
+                                  logprobs=True, top_logprobs=2)
+    lp = r.choices[0].logprobs.content
+    assert "".join(t.token for t in lp) == r.choices[0].message.content
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in lp)
+    assert lp[0].top_logprobs[0].logprob >= lp[0].top_logprobs[1].logprob
+    chunks = [ch for ch in c.chat.completions.create(model="team", messages=CHAT["messages"], max_tokens=8,
+                                                     temperature=0, logprobs=True, top_logprobs=1, stream=True)
+              if ch.choices and ch.choices[0].logprobs]
+    assert [t.token for ch in chunks for t in ch.choices[0].logprobs.content] == [t.token for t in lp]
+    comp = c.completions.create(model="team", prompt="1, 2, 3,", max_tokens=4, temperature=0, logprobs=2)
+    assert "".join(comp.choices[0].logprobs.tokens) == comp.choices[0].text
+    assert all(len(top) == 2 for top in comp.choices[0].logprobs.top_logprobs)

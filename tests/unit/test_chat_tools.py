@@ -154,3 +154,18 @@ def test_think_is_split_into_reasoning():
     assert reply.reasoning == "Two plus two." and reply.content == "Four."
     plain = ReplyParser(detect(HERMES), False).parse("<think>kept</think>")  # a template without it
     assert plain.content == "<think>kept</think>"
+
+
+def test_structured_calls_pass_through_the_parser_untouched():
+    """A remote model's calls arrive parsed: content that looks like a call stays content, and the
+    structured calls (ids kept) come out with the reply's end, streamed or whole."""
+    from llmd.chat.formats import STRUCTURED
+
+    p = ReplyParser(STRUCTURED, tools=True)
+    first = p.feed('{"name": "x"} is JSON')
+    assert first.content == '{"name": "x"} is JSON' and not first.tool_calls
+    assert not p.feed("", (("call_up_1", "add", '{"a": 1}'),)).tool_calls  # held for the end
+    end = p.finish()
+    assert [(c.id, c.name, c.arguments) for c in end.tool_calls] == [("call_up_1", "add", '{"a": 1}')]
+    whole = ReplyParser(STRUCTURED, tools=True).parse("<think>hm</think>Checking.", (("c1", "add", "{}"),))
+    assert (whole.reasoning, whole.content, [c.id for c in whole.tool_calls]) == ("hm", "Checking.", ["c1"])

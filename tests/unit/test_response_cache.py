@@ -51,3 +51,28 @@ def test_size_bound_evicts_least_recently_used(tmp_path: Path):
 def test_journal_is_wal(tmp_path: Path):
     ResponseCache(tmp_path / "r.db")
     assert sqlite3.connect(tmp_path / "r.db").execute("pragma journal_mode").fetchone()[0] == "wal"
+
+
+def test_structured_tool_calls_are_stored_with_the_reply(tmp_path: Path):
+    c = ResponseCache(tmp_path / "r.db")
+    u = Usage(1, 2, 0, 0.1, 0.1, 0.1)
+    c.put("k", "m", ["Checking."], "stop", u, [("call_up_1", "add", '{"a": 1}')])
+    c.put("plain", "m", ["hi"], "stop", u)
+    assert c.get("k").tool_calls == (("call_up_1", "add", '{"a": 1}'),)
+    assert c.get("plain").tool_calls == ()
+
+
+def test_a_cache_made_before_tool_calls_were_stored_opens_and_serves(tmp_path: Path):
+    from llmd.daemon.response_cache import MIGRATIONS
+    from llmd.db import open_cache_db
+
+    old = open_cache_db(tmp_path / "r.db", MIGRATIONS[:1])
+    now = time.time()
+    old.table("responses").insert({"key": "k", "model": "m", "pieces": '["hi"]', "finish_reason": "stop",
+                                   "usage": '{"prompt_tokens": 1, "completion_tokens": 2, "cached_tokens": 0, '
+                                            '"ttft_s": 0.1, "prefill_s": 0.1, "decode_s": 0.1}',
+                                   "size": 10, "created_at": now, "last_used": now, "hits": 0})
+    old.conn.commit()
+    old.conn.close()
+    hit = ResponseCache(tmp_path / "r.db").get("k")
+    assert hit is not None and hit.pieces == ["hi"] and hit.tool_calls == ()

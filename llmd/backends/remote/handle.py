@@ -6,7 +6,9 @@ answered anything is marked down and the next is tried; one that fails mid-reply
 with an error naming it (tokens already sent cannot be taken back). Streams are passed through as
 they arrive; cancelling a request closes its upstream connection, which frees the upstream's slot.
 Upstream errors become llmd's errors (so each API answers in its own shape) with the upstream
-named. Tool calls and logprobs are not passed through yet: such requests are refused (400).
+named. Tools go to the upstream as OpenAI's fields, and the calls it parsed come back structured
+(TokenEvent.tool_calls), never re-parsed from text; its reasoning is relayed as a <think> block and
+its logprobs as llmd's, so every API of llmd answers for a remote model as for a local one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -42,6 +45,97 @@ QUEUE_EVENTS = 256  # events relayed ahead of the client at most
 
 class _Unreachable(Exception):
     """The upstream could not be reached before it answered anything: try the next one."""
+
+
+def upstream_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as OpenAI's API takes it: every call has an id and every tool result the id of
+    the call it answers. Ollama's clients send neither (a result names its tool): a call without
+    an id gets one, and a result the first unanswered call of its tool's name (else of any)."""
+    out: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []  # calls of the last assistant turn not answered yet
+    for turn, m in enumerate(messages):
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [c if c.get("id") else {**c, "id": f"call_{turn}_{k}"} for k, c in enumerate(m["tool_calls"])]
+            m = {**m, "tool_calls": calls}
+            pending = list(calls)
+        elif m.get("role") == "tool":
+            match = next((c for c in pending if c["id"] == m.get("tool_call_id")), None)
+            if match is None and pending:
+                named = [c for c in pending if (c.get("function") or {}).get("name") == m.get("name")]
+                match = (named or pending)[0]
+                m = {**m, "tool_call_id": match["id"]}
+            if match is not None:
+                pending.remove(match)
+        out.append(m)
+    return out
+
+
+class _Reply:
+    """One streamed reply as the upstream sends it, turned into llmd's pieces: content, reasoning as
+    a <think> block, logprobs, and the tool calls assembled from their deltas (handed out at the end)."""
+
+    def __init__(self, url: str, chat: bool) -> None:
+        self.url = url
+        self.chat = chat
+        self.thinking = False
+        self.calls: dict[int, dict[str, str]] = {}
+
+    def add(self, choice: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
+        if not self.chat:
+            return [(choice["text"], _completion_logprobs(choice.get("logprobs")))] if choice.get("text") else []
+        delta = choice.get("delta") or choice.get("message") or {}
+        out: list[tuple[str, tuple[Any, ...]]] = []
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            out.append((("" if self.thinking else "<think>") + reasoning, ()))
+            self.thinking = True
+        content = delta.get("content")
+        logprobs = _chat_logprobs(choice.get("logprobs"))
+        if (isinstance(content, str) and content) or logprobs:
+            out.append((("</think>" if self.thinking else "") + (content or ""), logprobs))
+            self.thinking = False
+        for i, c in enumerate(delta.get("tool_calls") or []):
+            call = self.calls.setdefault(int(c.get("index", i)), {"id": "", "name": "", "arguments": ""})
+            fn = c.get("function") or {}
+            call["id"] = c.get("id") or call["id"]
+            call["name"] += fn.get("name") or ""
+            args = fn.get("arguments")
+            call["arguments"] += args if isinstance(args, str) else json.dumps(args) if args is not None else ""
+        return out
+
+    def end(self) -> tuple[str, tuple[tuple[str, str, str], ...]]:
+        """Text still owed (a think block left open) and the calls, each checked."""
+        calls = []
+        for index in sorted(self.calls):
+            c = self.calls[index]
+            args = c["arguments"].strip() or "{}"
+            try:
+                parsed = json.loads(args)
+            except ValueError:
+                parsed = None
+            if not c["name"] or not isinstance(parsed, dict):
+                raise UpstreamError(f"the upstream {self.url} sent a tool call that llmd cannot pass on (name "
+                                    f"{c['name']!r}, arguments {args[:200]!r}: not a JSON object)")
+            calls.append((c["id"] or "call_" + uuid.uuid4().hex[:24], c["name"], args))
+        return ("</think>" if self.thinking else ""), tuple(calls)
+
+
+def _chat_logprobs(lp: Any) -> tuple[Any, ...]:
+    if not isinstance(lp, dict) or not lp.get("content"):
+        return ()
+    return tuple((e["token"], float(e["logprob"]), tuple((t["token"], float(t["logprob"]))
+                                                          for t in e.get("top_logprobs") or []))
+                 for e in lp["content"])
+
+
+def _completion_logprobs(lp: Any) -> tuple[Any, ...]:
+    if isinstance(lp, dict) and lp.get("content"):  # llama-server answers completions in the chat shape
+        return _chat_logprobs(lp)
+    if not isinstance(lp, dict) or not lp.get("tokens"):
+        return ()
+    tops = lp.get("top_logprobs") or [None] * len(lp["tokens"])
+    return tuple((tok, float(p), tuple((t, float(q)) for t, q in (top or {}).items()))
+                 for tok, p, top in zip(lp["tokens"], lp.get("token_logprobs") or [], tops, strict=False))
 
 
 class RemoteHandle:
@@ -98,11 +192,6 @@ class RemoteHandle:
         # bounded: when the client reads slower than the upstream writes, the relay stops reading the
         # upstream (TCP pushes back to it) instead of buffering the reply here
         queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=QUEUE_EVENTS)
-        if isinstance(req, GenerationRequest):
-            problem = self._unsupported(req)
-            if problem is not None:
-                queue.put_nowait(ErrorEvent(req.id, problem.to_wire()))
-                return queue
         self._tasks[req.id] = asyncio.ensure_future(self._run(req, queue))
         return queue
 
@@ -136,16 +225,6 @@ class RemoteHandle:
         await self.client.aclose()
 
     # ---- requests -------------------------------------------------------------------------------
-
-    def _unsupported(self, req: GenerationRequest) -> LlmdError | None:
-        if req.tools and req.tool_choice != "none":
-            return BadRequest(f"{self.cfg.model_name} is served remotely, and llmd does not pass tool calls through "
-                              "to remote models yet; call the upstream directly for tools, or use a local model",
-                              "tools")
-        if req.top_logprobs is not None:
-            return BadRequest(f"{self.cfg.model_name} is served remotely, and llmd does not pass logprobs through "
-                              "yet", "logprobs")
-        return None
 
     def _headers(self) -> dict[str, str]:
         key = read_key(self.spec.api_key_env, self.spec.api_key_file)
@@ -189,9 +268,20 @@ class RemoteHandle:
         body: dict[str, Any] = {"model": self.spec.upstream_model, "stream": True,
                                 "stream_options": {"include_usage": True}, "temperature": s.temperature}
         if req.messages is not None:
-            body["messages"] = req.messages
+            body["messages"] = upstream_messages(req.messages)
         else:
             body["prompt"] = req.prompt or ""
+        if req.tools:
+            body["tools"] = req.tools
+            body["tool_choice"] = (req.tool_choice if req.tool_choice in ("auto", "none", "required")
+                                   else {"type": "function", "function": {"name": req.tool_choice}})
+            if not req.parallel_tool_calls:
+                body["parallel_tool_calls"] = False
+        if req.top_logprobs is not None:
+            if req.messages is not None:
+                body.update(logprobs=True, top_logprobs=req.top_logprobs)
+            else:
+                body["logprobs"] = req.top_logprobs
         if req.max_tokens is not None:
             body["max_tokens"] = req.max_tokens
         optional = {"top_p": (s.top_p, 1.0), "top_k": (s.top_k, 0), "min_p": (s.min_p, 0.0),
@@ -215,6 +305,7 @@ class RemoteHandle:
         n = 0
         finish: str | None = None
         usage: dict[str, Any] = {}
+        reply = _Reply(up.url, chat)
         up.in_flight += 1
         try:
             request = self.client.build_request("POST", url, json=self._body(req), headers=self._headers())
@@ -247,13 +338,14 @@ class RemoteHandle:
                                             f"{err.get('message') if isinstance(err, dict) else err}")
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or []:
-                        text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                        if text:
+                        pieces = reply.add(choice)
+                        if pieces:
                             now = time.perf_counter()
                             t_first = t_first or now
                             t_last = now
+                        for text, logprobs in pieces:
                             n += 1
-                            await queue.put(TokenEvent(req.id, text, 1))
+                            await queue.put(TokenEvent(req.id, text, 1, logprobs))
                         finish = choice.get("finish_reason") or finish
             finally:
                 await r.aclose()  # a cancelled request closes the connection: the upstream stops
@@ -266,6 +358,9 @@ class RemoteHandle:
         if finish is None:
             raise UpstreamError(f"the upstream {up.url} ended its event stream without finishing the reply "
                                 f"({n} tokens arrived)")
+        end, calls = reply.end()
+        if end or calls:
+            await queue.put(TokenEvent(req.id, end, 0, tool_calls=calls))
         cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0
         await queue.put(FinalEvent(req.id, "length" if finish == "length" else "stop", Usage(
             prompt_tokens=int(usage.get("prompt_tokens") or 0), completion_tokens=int(usage.get("completion_tokens") or n),

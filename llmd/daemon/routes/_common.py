@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
-from llmd.chat.formats import ChatFormat, detect
+from llmd.chat.formats import STRUCTURED, ChatFormat, detect
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.errors import BadRequest, ClientGone, LlmdError
 from llmd.models.hub import is_hub_ref
@@ -147,6 +147,7 @@ class Run:
     t_first: float | None = None
     gaps: list[float] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)  # TokenLogprob per sampled token, when asked for
+    tool_calls: list[Any] = field(default_factory=list)  # StructuredCall: calls a remote upstream parsed
     backend: str = "llama.cpp"  # the engine that serves the model (metric label, cache key)
 
     def __aiter__(self) -> AsyncIterator[Event]:
@@ -167,6 +168,7 @@ class Run:
                     last = now
                     self.text.append(ev.text)
                     self.logprobs.extend(ev.logprobs)
+                    self.tool_calls.extend(ev.tool_calls)
                 elif isinstance(ev, FinalEvent):
                     self.final = ev
                 yield ev
@@ -236,6 +238,8 @@ class Run:
 async def _replay(req: GenerationRequest, hit: Cached) -> AsyncIterator[Event]:
     for piece in hit.pieces:
         yield TokenEvent(req.id, piece, 1)
+    if hit.tool_calls:
+        yield TokenEvent(req.id, "", 0, tool_calls=hit.tool_calls)
     yield FinalEvent(req.id, hit.finish_reason, hit.usage)
 
 
@@ -315,7 +319,7 @@ def _store(cache: Any, run: Run) -> None:
     if run.timing.get("fallback"):  # another model's reply: not the remote model's to replay
         return
     try:
-        cache.put(run.cache_key, run.model, run.text, final.finish_reason, final.usage)
+        cache.put(run.cache_key, run.model, run.text, final.finish_reason, final.usage, run.tool_calls)
     except Exception:  # a full disk must not break serving
         import logging
 
@@ -333,14 +337,14 @@ def _template_of(row: dict[str, Any]) -> str | None:
 
     if row["format"] == "gguf":
         return read_gguf(row["path"]).chat_template
-    if row["format"] == "remote":
-        return None  # the upstream applies its own template
     return chat_template(Path(row["path"]))  # a Hugging Face checkpoint (TensorRT-LLM)
 
 
 async def chat_format(request: Request, model: str) -> ChatFormat:
     """How the model's template writes tool calls and reasoning (what the engine also detects)."""
     row = request.app.state.registry.get(model)
+    if row["format"] == "remote":
+        return STRUCTURED
     key = (row["path"], row["digest"])
     if key not in _formats:
         _formats[key] = detect(await asyncio.to_thread(_template_of, row))

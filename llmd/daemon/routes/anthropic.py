@@ -224,7 +224,7 @@ async def messages(request: Request) -> Response:
 
     if not body.stream:
         text, final = await run.collect(request)
-        blocks.add(parser.feed(text))
+        blocks.add(parser.feed(text, tuple(run.tool_calls)))
         blocks.add(parser.finish())
         calls = any(b["type"] == "tool_use" for b in blocks.blocks)
         return JSONResponse(message(final.usage, _stop_reason(final.finish_reason, calls)), headers=run.headers)
@@ -235,7 +235,7 @@ async def messages(request: Request) -> Response:
         try:
             async for ev in run:
                 if isinstance(ev, TokenEvent):
-                    for e in blocks.add(parser.feed(ev.text)):
+                    for e in blocks.add(parser.feed(ev.text, ev.tool_calls)):
                         yield e
         except LlmdError as err:
             yield _sse("error", {"error": error_body("/v1/messages", err)["error"]})

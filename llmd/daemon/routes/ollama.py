@@ -207,7 +207,7 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
         text, _ = await run.collect(run.request)
         if parser is None:
             return JSONResponse({**piece(text), **_final_fields(run), **logprobs(run.logprobs)}, headers=run.headers)
-        reply = parser.parse(text)
+        reply = parser.parse(text, tuple(run.tool_calls))
         return JSONResponse({**piece(reply.content, reply.reasoning, reply.tool_calls), **_final_fields(run),
                              **logprobs(run.logprobs)}, headers=run.headers)
 
@@ -218,7 +218,7 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
                     if parser is None:
                         yield _ndjson({**piece(ev.text), "done": False, **logprobs(ev.logprobs)})
                         continue
-                    d = parser.feed(ev.text)
+                    d = parser.feed(ev.text, ev.tool_calls)
                     if d.content or d.reasoning or ev.logprobs:
                         yield _ndjson({**piece(d.content, d.reasoning), "done": False, **logprobs(ev.logprobs)})
         except LlmdError as e:  # after the first token the status is sent: report in the stream

@@ -254,7 +254,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
         text, final = await run.collect(run.request)
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(final.finish_reason), "logprobs": None}
         if parser is not None:
-            reply = parser.parse(text)
+            reply = parser.parse(text, tuple(run.tool_calls))
             message: dict[str, Any] = {"role": "assistant", "content": reply.content or None if reply.tool_calls
                                        else reply.content}
             if reply.reasoning:
@@ -302,7 +302,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
                     if parser is None:
                         yield _sse(chunk({"content": ev.text} if chat else ev.text, None, ev.logprobs))
                         continue
-                    d = parser.feed(ev.text)
+                    d = parser.feed(ev.text, ev.tool_calls)
                     if d.reasoning:
                         yield _sse(chunk({"reasoning_content": d.reasoning}, None))
                     if d.content or ev.logprobs:

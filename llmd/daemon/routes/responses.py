@@ -302,7 +302,7 @@ async def create(request: Request) -> Response:
 
     if not body.stream:
         text, final = await run.collect(request)
-        out.add(parser.feed(text))
+        out.add(parser.feed(text, tuple(run.tool_calls)))
         out.add(parser.finish())
         out.finish()
         resp = _response(rid, body, run.model, created, out.items, final, tools, choice)
@@ -317,7 +317,7 @@ async def create(request: Request) -> Response:
         try:
             async for ev in run:
                 if isinstance(ev, TokenEvent):
-                    for e in out.add(parser.feed(ev.text)):
+                    for e in out.add(parser.feed(ev.text, ev.tool_calls)):
                         yield _sse(e)
         except LlmdError as err:
             yield _sse(out.event("error", code=err.code, message=err.message, param=err.param))
