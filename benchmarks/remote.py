@@ -1,12 +1,15 @@
 """What llmd costs in front of a remote engine: the same streamed requests sent to llama.cpp's
 llama-server directly and through llmd (a remote model whose upstream is that server), taking
-turns, then the response cache's gain on a repeat.
+turns, then the response cache's gain on a repeat. Then llmd's own cost with the model's time
+taken out: the same against a stand-in upstream in its own process that answers at once
+(tests/upstream_server.py), where llama-server's run-to-run spread (tens of ms) cannot hide it:
+the TTFT llmd adds, and how many tokens a second it can relay (its CPU per token).
 
 Every request has a new first line, so neither path reuses a cached prompt prefix; llmd's
 response cache is bypassed (Cache-Control: no-store) except in the repeat test. llama-server is
 built by scripts/build-llama-server.sh (cached); on a CPU with AMX it runs with --no-repack.
 
-    python benchmarks/remote.py [--runs 8] [--tokens 64]
+    python benchmarks/remote.py [--runs 8] [--tokens 64] [--threads 2] [--instant-only]
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", default="2", help="llama-server threads")
+    ap.add_argument("--instant-only", action="store_true", help="only the stand-in upstream part")
     args = ap.parse_args()
+    if args.instant_only:
+        llmd, url, home = start_llmd()
+        try:
+            instant(url, {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": url.rsplit(":", 1)[1]}, args.runs)
+        finally:
+            stop(llmd)
+        return
     bin_dir = subprocess.run(["bash", str(ROOT / "scripts" / "build-llama-server.sh")], capture_output=True,
                              text=True, check=True).stdout.strip()
     port = free_port()
@@ -80,10 +91,46 @@ def main() -> None:
         (miss, m_state), (hit, h_state) = totals
         print(f"{'repeat (response cache)':<24} {miss * 1000:>12.1f} {hit * 1000:>9.1f} {hit / miss:>18.3f}"
               f"   (first {m_state}, then {h_state}; total ms)")
+        instant(url, env, args.runs)
     finally:
         stop(llmd)
         server.terminate()
         server.wait(10)
+
+
+def instant(url: str, env: dict[str, str], runs: int) -> None:
+    port = free_port()
+    fake = subprocess.Popen([sys.executable, str(ROOT / "tests" / "upstream_server.py"), "--port", str(port),
+                             "--words", "4000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    upstream = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(upstream + "/v1/models", fake)
+        subprocess.run([sys.executable, "-m", "llmd", "models", "add", "--remote", upstream, "--name", "instant"],
+                       env=env, check=True, capture_output=True)
+        c = httpx.Client(timeout=600, headers={"Cache-Control": "no-store"})
+        rounds = max(40, runs * 5)
+        ttft: dict[str, list[float]] = {"direct": [], "llmd": []}
+        rate: dict[str, list[float]] = {"direct": [], "llmd": []}
+        for i in range(rounds + 1):
+            for label, base, model in (("direct", upstream, "fake-model"), ("llmd", url, "instant")):
+                body = {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": f"hi {i}"}]}
+                s = stream_openai_chat(base, body, c)
+                if i:
+                    ttft[label].append(s.ttft_s)
+                if i and i % 8 == 0:  # a long reply now and then: the relay's tokens per second
+                    t0 = time.perf_counter()
+                    n = len(stream_openai_chat(base, {**body, "max_tokens": 4000}, c).text.split(" "))
+                    rate[label].append(n / (time.perf_counter() - t0))
+        d, o = med(ttft["direct"]), med(ttft["llmd"])
+        rd, ro = med(rate["direct"]), med(rate["llmd"])
+        print(f"# against an upstream that answers at once (its own process), {rounds} rounds, medians")
+        print(f"{'':<24} {'direct':>12} {'via llmd':>9} {'via llmd / direct':>18}")
+        print(f"{'TTFT ms':<24} {d * 1000:>12.2f} {o * 1000:>9.2f} {o / d:>18.3f}   ({(o - d) * 1000:+.2f} ms)")
+        print(f"{'relayed tok/s':<24} {rd:>12.0f} {ro:>9.0f} {ro / rd:>18.3f}"
+              f"   (llmd adds {(1 / ro - 1 / rd) * 1e6:.0f} us a token)")
+    finally:
+        fake.terminate()
+        fake.wait(10)
 
 
 if __name__ == "__main__":

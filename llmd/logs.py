@@ -33,3 +33,6 @@ def setup(log_file: Path, level: int = logging.INFO, max_bytes: int = 10 * 1024 
     to_err = logging.StreamHandler()
     to_err.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     root.handlers[:] = [to_file, to_err]
+    # httpx logs every request it makes at INFO (the remote relay's, one per request): not news
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)

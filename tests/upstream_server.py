@@ -19,6 +19,7 @@ REPLY = "The lighthouse keeper lit the lamp at dusk."
 @dataclass
 class FakeUpstream:
     mode: str = "ok"  # ok | malformed | error500 | truncated | tools (vLLM's shape) | badcall
+    words: int = 0  # a longer healthy reply: REPLY's words repeated to this many (0: REPLY once)
     seen_auth: list[str] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -46,6 +47,9 @@ class FakeUpstream:
                 yield b"this is not an event stream\n\n"
                 return
             words = REPLY.split(" ")
+            if self.words:  # as long as asked, up to `words`
+                n = min(self.words, int(body.get("max_tokens") or self.words))
+                words = (words * (n // len(words) + 1))[:n]
             for i, w in enumerate(words):
                 if self.mode == "truncated" and i == 3:
                     return  # ends without finish_reason or [DONE]
@@ -80,3 +84,15 @@ class FakeUpstream:
                "usage": {"prompt_tokens": 30, "completion_tokens": 25, "total_tokens": 55}}
         yield f"data: {json.dumps(end)}\n\n".encode()
         yield b"data: [DONE]\n\n"
+
+
+if __name__ == "__main__":  # its own process, for benchmarks/remote.py: an upstream that costs nothing
+    import argparse
+
+    import uvicorn
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--words", type=int, default=0)
+    a = ap.parse_args()
+    uvicorn.run(FakeUpstream(words=a.words).app(), host="127.0.0.1", port=a.port, log_level="warning")

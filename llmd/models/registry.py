@@ -96,6 +96,10 @@ class Registry:
     def __init__(self, db_path: Path, models_dir: Path | None = None) -> None:
         self.db = open_store_db(db_path, MIGRATIONS, "model registry")
         self.models_dir = models_dir or db_path.parent / "models"
+        # rows by name, read again whenever any connection (this one, or a CLI's) has written: every
+        # request looks its model up several times, and a query costs more than the request's own work
+        self._rows: dict[str, dict[str, Any] | None] = {}
+        self._seen_version: tuple[int, int] = (-1, -1)
 
     def sync_packaged(self) -> None:
         seen = {r["name"] for r in self.db.table("packaged_seen").rows}
@@ -219,8 +223,15 @@ class Registry:
         return rows[0] if rows else None
 
     def _row(self, name: str) -> dict[str, Any] | None:
-        rows = list(self.db.table("models").rows_where("name = ?", [name]))
-        return rows[0] if rows else None
+        version = (self.db.execute("PRAGMA data_version").fetchone()[0], self.db.conn.total_changes)
+        if version != self._seen_version:
+            self._rows.clear()
+            self._seen_version = version
+        if name not in self._rows:
+            rows = list(self.db.table("models").rows_where("name = ?", [name]))
+            self._rows[name] = rows[0] if rows else None
+        row = self._rows[name]
+        return dict(row) if row is not None else None
 
     @staticmethod
     def _fresh(row: dict[str, Any]) -> bool:

@@ -6,6 +6,7 @@ and the log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -212,10 +213,11 @@ def test_tool_calls_pass_through_a_remote_llmd_in_every_api(front: Daemon, tmp_p
     import openai
 
     other = Daemon(tmp_path / "tooling").start()
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(other.stop)
         r = add_remote(front, "tooly", other.url, extra=("--upstream-model", "smollm2-135m"))
         assert r.returncode == 0, r.stderr
-        c = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
+        c = stack.enter_context(openai.OpenAI(base_url=front.url + "/v1", api_key="unused"))
         one = {"tools": TOOLS, "temperature": 0, "max_tokens": 200, "parallel_tool_calls": False,
                "tool_choice": "required"}  # one call (a tiny model held to calls repeats them)
         reply = c.chat.completions.create(model="tooly", messages=ASK, **one)  # type: ignore[call-overload]
@@ -224,7 +226,7 @@ def test_tool_calls_pass_through_a_remote_llmd_in_every_api(front: Daemon, tmp_p
         call = choice.message.tool_calls[0]
         assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
         # the upstream's own answer, passed on whole (the same call the upstream gives directly)
-        direct = openai.OpenAI(base_url=other.url + "/v1", api_key="unused").chat.completions.create(
+        direct = stack.enter_context(openai.OpenAI(base_url=other.url + "/v1", api_key="unused")).chat.completions.create(
             model="smollm2-135m", messages=ASK, extra_headers={"Cache-Control": "no-store"}, **one)  # type: ignore
         assert json.loads(direct.choices[0].message.tool_calls[0].function.arguments) == json.loads(
             call.function.arguments)
@@ -239,7 +241,7 @@ def test_tool_calls_pass_through_a_remote_llmd_in_every_api(front: Daemon, tmp_p
         assert again.headers["X-LLMD-Cache"] == "hit"
         assert again.json()["choices"][0]["message"]["tool_calls"][0]["id"] == call.id
         # Ollama's client (arguments as an object; the tool result names the tool, with no id)
-        o = ollama.Client(host=front.url)
+        o = stack.enter_context(ollama.Client(host=front.url))
         asked = o.chat(model="tooly", messages=ASK, tools=TOOLS, options={"temperature": 0, "num_predict": 200})
         if asked.message.tool_calls:
             got = asked.message.tool_calls[0].function
@@ -250,7 +252,7 @@ def test_tool_calls_pass_through_a_remote_llmd_in_every_api(front: Daemon, tmp_p
         after = o.chat(model="tooly", messages=history, tools=TOOLS, options={"temperature": 0, "num_predict": 20})
         assert after.message.content or after.message.tool_calls
         # Anthropic's Messages API: a tool_use block with the arguments as an object
-        a = anthropic.Anthropic(base_url=front.url, api_key="unused").messages.create(
+        a = stack.enter_context(anthropic.Anthropic(base_url=front.url, api_key="unused")).messages.create(
             model="tooly", max_tokens=200, messages=ASK, extra_body={"temperature": 0},  # type: ignore[arg-type]
             tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
                     "input_schema": t["function"]["parameters"]} for t in TOOLS],
@@ -265,8 +267,6 @@ def test_tool_calls_pass_through_a_remote_llmd_in_every_api(front: Daemon, tmp_p
                                          for t in TOOLS])  # type: ignore[arg-type]
         fc = next(i for i in resp.output if i.type == "function_call")
         assert fc.name in ("get_weather", "add") and isinstance(json.loads(fc.arguments), dict)
-    finally:
-        other.stop()
 
 
 def test_reasoning_and_calls_streamed_in_pieces_are_assembled(front: Daemon):
@@ -276,9 +276,9 @@ def test_reasoning_and_calls_streamed_in_pieces_are_assembled(front: Daemon):
     import openai
 
     fake = FakeUpstream(mode="tools")
-    with ThreadServer(fake.app()) as server:
+    with ThreadServer(fake.app()) as server, openai.OpenAI(base_url=front.url + "/v1", api_key="unused") as c, \
+            ollama.Client(host=front.url) as o:
         assert add_remote(front, "vllm-like", server.url).returncode == 0
-        c = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
         m = c.chat.completions.create(model="vllm-like", messages=ASK, tools=TOOLS).choices[0]  # type: ignore[arg-type]
         assert m.finish_reason == "tool_calls" and m.message.content == "Checking."
         assert m.message.model_extra["reasoning_content"] == "The user wants the weather."
@@ -293,11 +293,12 @@ def test_reasoning_and_calls_streamed_in_pieces_are_assembled(front: Daemon):
                                                                      (1, "call_up_2", "add")]
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Checking."
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
-        o = ollama.Client(host=front.url).chat(model="vllm-like", messages=ASK, tools=TOOLS)
-        assert o.message.thinking == "The user wants the weather." and o.message.content == "Checking."
-        assert [t.function.arguments for t in o.message.tool_calls] == [{"city": "Paris", "days": 2}, {"a": 1, "b": 2}]
+        got = o.chat(model="vllm-like", messages=ASK, tools=TOOLS)
+        assert got.message.thinking == "The user wants the weather." and got.message.content == "Checking."
+        assert [t.function.arguments for t in got.message.tool_calls] == [{"city": "Paris", "days": 2},
+                                                                          {"a": 1, "b": 2}]
         # a tool result without an id (Ollama's clients name the tool) reaches the upstream with its call's id
-        ollama.Client(host=front.url).chat(model="vllm-like", tools=TOOLS, messages=[
+        o.chat(model="vllm-like", tools=TOOLS, messages=[
             *ASK, {"role": "assistant", "content": "", "tool_calls": [
                 {"function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
                 {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
@@ -315,12 +316,13 @@ def test_reasoning_and_calls_streamed_in_pieces_are_assembled(front: Daemon):
         assert "tool call that llmd cannot pass on" in r.text and server.url in r.text
 
 
-def test_logprobs_pass_through(front: Daemon, llama_server: LlamaServer):
+def test_logprobs_pass_through(front: Daemon, llama_server: LlamaServer, request: pytest.FixtureRequest):
     import openai
 
     if llmd(front, "models", "show", "team").returncode != 0:
         assert add_remote(front, "team", llama_server.url).returncode == 0
     c = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
+    request.addfinalizer(c.close)
     r = c.chat.completions.create(model="team", messages=CHAT["messages"], max_tokens=8, temperature=0,
                                   logprobs=True, top_logprobs=2)
     lp = r.choices[0].logprobs.content

@@ -14,13 +14,15 @@ its logprobs as llmd's, so every API of llmd answers for a remote model as for a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 import numpy as np
 
 from llmd.backends.base import (
@@ -41,6 +43,30 @@ from llmd.errors import BadRequest, LlmdError, ModelNotFound, ModelUnavailable, 
 log = logging.getLogger("llmd.remote")
 CONNECT_S = 5.0
 QUEUE_EVENTS = 256  # events relayed ahead of the client at most
+
+
+DRAIN_S = 2.0  # what is left of a body after [DONE] is read for this long at most
+
+
+async def _drain(lines: Any) -> None:
+    async for _ in lines:
+        pass
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The body's lines as they arrive, however long (aiohttp's own line reader has a limit)."""
+    buf = b""
+    async for chunk in content.iter_any():
+        buf += chunk
+        *whole, buf = buf.split(b"\n")
+        for line in whole:
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+    if buf:
+        yield buf.decode("utf-8", "replace")
+
+
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 class _Unreachable(Exception):
@@ -149,7 +175,10 @@ class RemoteHandle:
         self.cfg = cfg
         self.loop = loop
         self.upstreams = [Upstream(u) for u in spec.urls]
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(connect=CONNECT_S, read=None, write=30.0, pool=30.0))
+        # aiohttp rather than httpx here: measured on a stand-in upstream, half the time to the first
+        # line and less than half the CPU per request (the relay's whole cost is this client)
+        self.client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S),
+                                            auto_decompress=False)
         self.alive = True
         self.started = time.time()
         self.info: dict[str, Any] = {"engine": "remote", "model": cfg.model_name, "kind": spec.kind,
@@ -222,7 +251,7 @@ class RemoteHandle:
             self._health.cancel()
         for task in list(self._tasks.values()):
             task.cancel()
-        await self.client.aclose()
+        await self.client.close()
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -308,15 +337,15 @@ class RemoteHandle:
         reply = _Reply(up.url, chat)
         up.in_flight += 1
         try:
-            request = self.client.build_request("POST", url, json=self._body(req), headers=self._headers())
             try:
-                r = await self.client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing was sent: the next may serve it
-                raise _Unreachable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
+                r = await self.client.post(url, json=self._body(req), headers=self._headers())
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+                raise _Unreachable(_why(e)) from e  # nothing was sent: the next may serve it
             try:
-                if r.status_code != 200:
-                    raise self._error_of(up, r.status_code, (await r.aread())[:4000])
-                async for line in r.aiter_lines():
+                if r.status != 200:
+                    raise self._error_of(up, r.status, (await r.read())[:4000])
+                lines = _lines(r.content)
+                async for line in lines:
                     if not line.strip() or line.startswith(":"):
                         continue
                     if not line.startswith("data:"):
@@ -324,6 +353,10 @@ class RemoteHandle:
                                             "is it an OpenAI-compatible server?")
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        # read to the end of the body (its last chunk follows), so the connection
+                        # goes back to the pool instead of being closed: no new connect per request
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(_drain(lines), DRAIN_S)
                         break
                     try:
                         chunk = json.loads(data)
@@ -347,11 +380,13 @@ class RemoteHandle:
                             n += 1
                             await queue.put(TokenEvent(req.id, text, 1, logprobs))
                         finish = choice.get("finish_reason") or finish
-            finally:
-                await r.aclose()  # a cancelled request closes the connection: the upstream stops
-        except httpx.HTTPError as e:  # after it answered: the reply is cut, and the upstream suspect
-            up.mark_down(f"{type(e).__name__}: {e}")
-            raise UpstreamError(f"the upstream {up.url} failed during the reply ({type(e).__name__}: {e}); "
+            except BaseException:
+                r.close()  # a cancelled or failed request: the connection closes and the upstream stops
+                raise
+            r.release()  # read to its end: the connection goes back to the pool
+        except aiohttp.ClientError as e:  # after it answered: the reply is cut, and the upstream suspect
+            up.mark_down(_why(e))
+            raise UpstreamError(f"the upstream {up.url} failed during the reply ({_why(e)}); "
                                 f"{n} tokens had arrived") from e
         finally:
             up.in_flight -= 1
@@ -370,16 +405,18 @@ class RemoteHandle:
     async def _embed(self, up: Upstream, req: EmbedRequest, queue: asyncio.Queue[Event]) -> None:
         inputs = [list(i) if isinstance(i, tuple) else i for i in req.inputs]
         try:
-            r = await self.client.post(up.url + "/v1/embeddings", headers=self._headers(),
-                                       json={"model": self.spec.upstream_model, "input": inputs})
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise _Unreachable(f"{type(e).__name__}: {e}") from e
-        except httpx.HTTPError as e:
-            raise UpstreamError(f"the upstream {up.url} failed: {type(e).__name__}: {e}") from e
-        if r.status_code != 200:
-            raise self._error_of(up, r.status_code, r.content[:4000])
+            async with self.client.post(up.url + "/v1/embeddings", headers=self._headers(),
+                                        json={"model": self.spec.upstream_model, "input": inputs}) as r:
+                raw = await r.read()
+                status = r.status
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+            raise _Unreachable(_why(e)) from e
+        except aiohttp.ClientError as e:
+            raise UpstreamError(f"the upstream {up.url} failed: {_why(e)}") from e
+        if status != 200:
+            raise self._error_of(up, status, raw[:4000])
         try:
-            data = sorted(r.json()["data"], key=lambda d: d["index"])
+            data = sorted(json.loads(raw)["data"], key=lambda d: d["index"])
             vectors = [np.asarray(d["embedding"], dtype=np.float32) for d in data]
         except (ValueError, KeyError, TypeError) as e:
             raise UpstreamError(f"the upstream {up.url} answered embeddings in an unknown shape: {e}") from e

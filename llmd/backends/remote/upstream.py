@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx
 
 from llmd.errors import BadRequest
@@ -85,14 +86,16 @@ class Upstream:
         self.up = False
         self.last_error = why
 
-    async def check(self, client: httpx.AsyncClient, headers: dict[str, str]) -> bool:
+    async def check(self, client: aiohttp.ClientSession, headers: dict[str, str]) -> bool:
         t0 = time.perf_counter()
         try:
-            r = await client.get(self.url + "/v1/models", headers=headers, timeout=CHECK_TIMEOUT_S)
-            r.raise_for_status()
-            self.models = [m.get("id", "") for m in r.json().get("data", [])]
+            async with client.get(self.url + "/v1/models", headers=headers,
+                                  timeout=aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)) as r:
+                r.raise_for_status()
+                body = await r.json(content_type=None)
+            self.models = [m.get("id", "") for m in body.get("data", [])]
             self.up, self.last_error = True, ""
-        except (httpx.HTTPError, ValueError, AttributeError) as e:
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as e:
             self.mark_down(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         self.latency_ms = round((time.perf_counter() - t0) * 1000, 2)
         self.checked_at = time.time()
@@ -105,7 +108,7 @@ class Upstream:
 
 def detect_kind(url: str, headers: dict[str, str], timeout: float = CHECK_TIMEOUT_S) -> tuple[str, list[str]]:
     """(kind, model ids) of the engine at `url`, from its own routes; raises BadRequest when it does not
-    answer /v1/models."""
+    answer /v1/models. Synchronous (run once, when the model is added), so httpx's plain client."""
     with httpx.Client(timeout=timeout, headers=headers) as c:
         try:
             r = c.get(url + "/v1/models")
@@ -150,7 +153,7 @@ def check_now(url: str, key_env: str | None, key_file: str | None) -> dict[str, 
         except BadRequest as e:
             u.mark_down(e.message)
             return u.as_dict()
-        async with httpx.AsyncClient() as client:
+        async with aiohttp.ClientSession() as client:
             await u.check(client, {"Authorization": f"Bearer {key}"} if key else {})
         return u.as_dict()
 
