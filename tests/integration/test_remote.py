@@ -23,6 +23,7 @@ from thread_server import ThreadServer
 from upstream_server import REPLY, FakeUpstream
 
 from llmd.models.catalog import find_packaged
+from llmd.tray.menu import build_menu
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
@@ -53,7 +54,8 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.stop()
 
 
-def test_chat_and_streams_through_both_apis_cache_metrics_status(front: Daemon, llama_server: LlamaServer):
+def test_chat_and_streams_through_both_apis_cache_metrics_status(front: Daemon, llama_server: LlamaServer,
+                                                                request: pytest.FixtureRequest):
     import ollama
     import openai
 
@@ -61,13 +63,14 @@ def test_chat_and_streams_through_both_apis_cache_metrics_status(front: Daemon, 
     assert r.returncode == 0, r.stderr
     assert "(llama-server)" in r.stdout and "smol" in r.stdout
     c = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
+    request.addfinalizer(c.close)
     reply = c.chat.completions.create(model="team", **CHAT)  # type: ignore[call-overload]
     assert reply.choices[0].message.content and reply.usage.completion_tokens > 0
     text = "".join(ch.choices[0].delta.content or "" for ch in
                    c.chat.completions.create(model="team", stream=True, **CHAT) if ch.choices)  # type: ignore[call-overload]
     assert text == reply.choices[0].message.content  # greedy: the same reply, streamed
-    o = ollama.Client(host=front.url).chat(model="team", messages=CHAT["messages"], options={"num_predict": 12,
-                                                                                             "temperature": 0})
+    with ollama.Client(host=front.url) as oc:
+        o = oc.chat(model="team", messages=CHAT["messages"], options={"num_predict": 12, "temperature": 0})
     assert o.message.content == text
     comp = httpx.post(front.url + "/v1/completions", json={"model": "team", "prompt": "1, 2, 3,", "max_tokens": 6,
                                                             "temperature": 0}, timeout=60)
@@ -86,6 +89,25 @@ def test_chat_and_streams_through_both_apis_cache_metrics_status(front: Daemon, 
     # the local model still answers beside it (a remote model holds no local memory)
     assert httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=120).status_code == 200
     assert {"team", "smollm2-135m"} <= {m["name"] for m in httpx.get(front.url + "/llmd/status").json()["loaded"]}
+    # the tray's Models menu lists it, and choosing it there (`llmd use`) makes it the active model
+    state = _tray_state(front)
+    models = next(i for i in build_menu(state, autostart=False) if i.text == "Models").submenu
+    assert "use:team" in {i.action for i in models}
+    assert llmd(front, "use", "team").returncode == 0
+    try:
+        assert _tray_state(front)["active_model"] == "team"
+        plain = httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=60)  # no model: the active one
+        assert plain.json()["model"] == "team" and plain.json()["choices"][0]["message"]["content"] == text
+    finally:
+        assert llmd(front, "use", "smollm2-135m").returncode == 0
+
+
+def _tray_state(d: Daemon) -> dict:
+    with httpx.stream("GET", d.url + "/llmd/events", timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                return json.loads(line[5:])
+    raise AssertionError("no state event")
 
 
 def test_cancelling_a_stream_frees_the_upstream_slot(front: Daemon, llama_server: LlamaServer):
