@@ -9,7 +9,7 @@ Every request has a new first line, so neither path reuses a cached prompt prefi
 response cache is bypassed (Cache-Control: no-store) except in the repeat test. llama-server is
 built by scripts/build-llama-server.sh (cached); on a CPU with AMX it runs with --no-repack.
 
-    python benchmarks/remote.py [--runs 8] [--tokens 64] [--threads 2] [--instant-only]
+    python benchmarks/remote.py [--runs 8] [--tokens 64] [--threads 2] [--instant-only] [--vllm URL]
 """
 
 from __future__ import annotations
@@ -36,66 +36,73 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", default="2", help="llama-server threads")
     ap.add_argument("--instant-only", action="store_true", help="only the stand-in upstream part")
+    ap.add_argument("--vllm", metavar="URL", help="also an already running vLLM (benchmarks/vllm_cpu.sh starts one)")
     args = ap.parse_args()
-    if args.instant_only:
-        llmd, url, home = start_llmd()
-        try:
-            instant(url, {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": url.rsplit(":", 1)[1]}, args.runs)
-        finally:
-            stop(llmd)
-        return
-    bin_dir = subprocess.run(["bash", str(ROOT / "scripts" / "build-llama-server.sh")], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    port = free_port()
-    amx = "amx" in open("/proc/cpuinfo").read()
-    server = subprocess.Popen([f"{bin_dir}/llama-server", "-m", str(find_packaged()["smollm2-135m"]), "--port",
-                               str(port), "-np", "2", "-c", "8192", "-t", args.threads, "-a", "smol",
-                               *(["--no-repack"] if amx else [])],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    upstream = f"http://127.0.0.1:{port}"
-    wait_http(upstream + "/health", server)
     llmd, url, home = start_llmd()
+    env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": url.rsplit(":", 1)[1]}
+    server = None
     try:
-        env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": url.rsplit(":", 1)[1]}
-        subprocess.run([sys.executable, "-m", "llmd", "models", "add", "--remote", upstream, "--name", "remote"],
-                       env=env, check=True, capture_output=True)
-        direct_c, llmd_c = httpx.Client(timeout=600), httpx.Client(timeout=600, headers={"Cache-Control": "no-store"})
-        results: dict[str, list] = {"llama-server": [], "llmd -> llama-server": []}
-        for i in range(args.runs + 1):  # the first round warms both paths and is not counted
-            for label, base, c, model in (("llama-server", upstream, direct_c, "smol"),
-                                          ("llmd -> llama-server", url, llmd_c, "remote")):
-                body = {"model": model, "max_tokens": args.tokens, "temperature": 0,
-                        "messages": [{"role": "system", "content": f"Session {i}-{label}."},
-                                     {"role": "user", "content": QUESTION}]}
-                s = stream_openai_chat(base, body, c)
-                if i:
-                    results[label].append(s)
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-        print(f"# llmd in front of llama-server: SmolLM2-135M Q4_1, {cpu}, {os.cpu_count()} CPUs, "
-              f"{args.runs} runs x {args.tokens} tokens, medians")
-        peer, ours = results["llama-server"], results["llmd -> llama-server"]
-        ttft_p, ttft_o = med([s.ttft_s for s in peer]), med([s.ttft_s for s in ours])
-        tps_p, tps_o = med([s.decode_tps for s in peer]), med([s.decode_tps for s in ours])
-        print(f"{'':<24} {'llama-server':>12} {'via llmd':>9} {'via llmd / direct':>18}")
-        print(f"{'TTFT ms':<24} {ttft_p * 1000:>12.1f} {ttft_o * 1000:>9.1f} {ttft_o / ttft_p:>18.3f}"
-              f"   ({(ttft_o - ttft_p) * 1000:+.1f} ms)")
-        print(f"{'decode tok/s':<24} {tps_p:>12.1f} {tps_o:>9.1f} {tps_o / tps_p:>18.3f}")
-        cached = httpx.Client(timeout=600)
-        body = {"model": "remote", "max_tokens": args.tokens, "temperature": 0,
-                "messages": [{"role": "user", "content": QUESTION + " (repeat)"}]}
-        totals = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            r = cached.post(url + "/v1/chat/completions", json=body)
-            totals.append((time.perf_counter() - t0, r.headers.get("X-LLMD-Cache")))
-        (miss, m_state), (hit, h_state) = totals
-        print(f"{'repeat (response cache)':<24} {miss * 1000:>12.1f} {hit * 1000:>9.1f} {hit / miss:>18.3f}"
-              f"   (first {m_state}, then {h_state}; total ms)")
+        if not args.instant_only:
+            bin_dir = subprocess.run(["bash", str(ROOT / "scripts" / "build-llama-server.sh")], capture_output=True,
+                                     text=True, check=True).stdout.strip()
+            port = free_port()
+            amx = "amx" in open("/proc/cpuinfo").read()
+            server = subprocess.Popen([f"{bin_dir}/llama-server", "-m", str(find_packaged()["smollm2-135m"]),
+                                       "--port", str(port), "-np", "2", "-c", "8192", "-t", args.threads, "-a", "smol",
+                                       *(["--no-repack"] if amx else [])],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            upstream = f"http://127.0.0.1:{port}"
+            wait_http(upstream + "/health", server)
+            compare("llama-server", upstream, "smol", url, env, args.runs, args.tokens, "SmolLM2-135M Q4_1")
+            server.terminate()
+            server.wait(10)
+            server = None
+        if args.vllm:
+            model = httpx.get(args.vllm.rstrip("/") + "/v1/models", timeout=10).json()["data"][0]["id"]
+            compare("vllm", args.vllm.rstrip("/"), model, url, env, args.runs, args.tokens, f"{model} (vLLM CPU)")
         instant(url, env, args.runs)
     finally:
         stop(llmd)
-        server.terminate()
-        server.wait(10)
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+def compare(kind: str, upstream: str, model: str, url: str, env: dict[str, str], runs: int, tokens: int,
+            what: str) -> None:
+    """The same streamed chats to `upstream` directly and through llmd, taking turns; then a repeat."""
+    name = f"via-{kind}"
+    subprocess.run([sys.executable, "-m", "llmd", "models", "add", "--remote", upstream, "--name", name,
+                    "--upstream-model", model], env=env, check=True, capture_output=True)
+    direct_c, llmd_c = httpx.Client(timeout=600), httpx.Client(timeout=600, headers={"Cache-Control": "no-store"})
+    results: dict[str, list] = {"direct": [], "llmd": []}
+    for i in range(runs + 1):  # the first round warms both paths and is not counted
+        for label, base, c, m in (("direct", upstream, direct_c, model), ("llmd", url, llmd_c, name)):
+            body = {"model": m, "max_tokens": tokens, "temperature": 0,
+                    "messages": [{"role": "system", "content": f"Session {i}-{label}."},
+                                 {"role": "user", "content": QUESTION}]}
+            s = stream_openai_chat(base, body, c)
+            if i:
+                results[label].append(s)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    print(f"# llmd in front of {kind}: {what}, {cpu}, {os.cpu_count()} CPUs, {runs} runs x {tokens} tokens, medians")
+    peer, ours = results["direct"], results["llmd"]
+    ttft_p, ttft_o = med([s.ttft_s for s in peer]), med([s.ttft_s for s in ours])
+    tps_p, tps_o = med([s.decode_tps for s in peer]), med([s.decode_tps for s in ours])
+    print(f"{'':<24} {kind:>12} {'via llmd':>9} {'via llmd / direct':>18}")
+    print(f"{'TTFT ms':<24} {ttft_p * 1000:>12.1f} {ttft_o * 1000:>9.1f} {ttft_o / ttft_p:>18.3f}"
+          f"   ({(ttft_o - ttft_p) * 1000:+.1f} ms)")
+    print(f"{'decode tok/s':<24} {tps_p:>12.1f} {tps_o:>9.1f} {tps_o / tps_p:>18.3f}")
+    body = {"model": name, "max_tokens": tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": QUESTION + " (repeat)"}]}
+    totals = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+        totals.append((time.perf_counter() - t0, r.headers.get("X-LLMD-Cache")))
+    (miss, m_state), (hit, h_state) = totals
+    print(f"{'repeat (response cache)':<24} {miss * 1000:>12.1f} {hit * 1000:>9.1f} {hit / miss:>18.3f}"
+          f"   (first {m_state}, then {h_state}; total ms)")
 
 
 def instant(url: str, env: dict[str, str], runs: int) -> None:

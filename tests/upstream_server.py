@@ -18,7 +18,7 @@ REPLY = "The lighthouse keeper lit the lamp at dusk."
 
 @dataclass
 class FakeUpstream:
-    mode: str = "ok"  # ok | malformed | error500 | truncated | tools (vLLM's shape) | badcall
+    mode: str = "ok"  # ok | malformed | error500 | truncated | tools (vLLM's shape) | badcall | cutcall
     words: int = 0  # a longer healthy reply: REPLY's words repeated to this many (0: REPLY once)
     seen_auth: list[str] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -39,7 +39,7 @@ class FakeUpstream:
             return JSONResponse({"error": {"message": "CUDA out of memory", "type": "server_error"}}, status_code=500)
 
         def events():
-            if self.mode in ("tools", "badcall"):
+            if self.mode in ("tools", "badcall", "cutcall"):
                 yield from self.tool_events()
                 return
             if self.mode == "malformed":
@@ -67,7 +67,7 @@ class FakeUpstream:
     def tool_events(self):
         """Reasoning, a little content, then two calls whose names and arguments arrive in pieces, the
         id only in a call's first delta (as vLLM and SGLang stream them)."""
-        args = '{"city": "Paris"' if self.mode == "badcall" else '{"city": "Paris", "days": 2}'
+        args = '{"city": "Paris"' if self.mode in ("badcall", "cutcall") else '{"city": "Paris", "days": 2}'
         deltas = [{"reasoning_content": "The user wants"}, {"reasoning_content": " the weather."},
                   {"content": "Checking."},
                   {"tool_calls": [{"index": 0, "id": "call_up_1", "type": "function",
@@ -80,7 +80,7 @@ class FakeUpstream:
             chunk = {"id": "x", "object": "chat.completion.chunk", "model": "fake-model",
                      "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
             yield f"data: {json.dumps(chunk)}\n\n".encode()
-        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length" if self.mode == "cutcall" else "tool_calls"}],
                "usage": {"prompt_tokens": 30, "completion_tokens": 25, "total_tokens": 55}}
         yield f"data: {json.dumps(end)}\n\n".encode()
         yield b"data: [DONE]\n\n"

@@ -336,6 +336,15 @@ def test_reasoning_and_calls_streamed_in_pieces_are_assembled(front: Daemon):
                        timeout=60)
         assert r.status_code == 200 or r.status_code == 502, r.text
         assert "tool call that llmd cannot pass on" in r.text and server.url in r.text
+    fake = FakeUpstream(mode="cutcall")  # the same call cut short by max_tokens: passed on as the text it is
+    with ThreadServer(fake.app()) as server:
+        assert add_remote(front, "cutcall", server.url).returncode == 0
+        r = httpx.post(front.url + "/v1/chat/completions", json={"model": "cutcall", "messages": ASK, "tools": TOOLS},
+                       timeout=60)
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "length"
+        assert choice["message"]["content"] == 'Checking.{"name": "get_weather", "arguments": {"city": "Paris"'
+        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["add"]  # the whole one
 
 
 def test_logprobs_pass_through(front: Daemon, llama_server: LlamaServer, request: pytest.FixtureRequest):

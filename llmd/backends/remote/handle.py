@@ -129,8 +129,11 @@ class _Reply:
             call["arguments"] += args if isinstance(args, str) else json.dumps(args) if args is not None else ""
         return out
 
-    def end(self) -> tuple[str, tuple[tuple[str, str, str], ...]]:
-        """Text still owed (a think block left open) and the calls, each checked."""
+    def end(self, cut: bool) -> tuple[str, tuple[tuple[str, str, str], ...]]:
+        """Text still owed (a think block left open) and the calls, each checked. A call cut short by
+        max_tokens (`cut`) whose arguments are not whole is passed on as the text it is, as a local
+        model's would be: the reply says "length", and nothing is dropped."""
+        text = "</think>" if self.thinking else ""
         calls = []
         for index in sorted(self.calls):
             c = self.calls[index]
@@ -139,11 +142,14 @@ class _Reply:
                 parsed = json.loads(args)
             except ValueError:
                 parsed = None
+            if cut and not isinstance(parsed, dict):
+                text += f'{{"name": {json.dumps(c["name"])}, "arguments": {c["arguments"]}'
+                continue
             if not c["name"] or not isinstance(parsed, dict):
                 raise UpstreamError(f"the upstream {self.url} sent a tool call that llmd cannot pass on (name "
                                     f"{c['name']!r}, arguments {args[:200]!r}: not a JSON object)")
             calls.append((c["id"] or "call_" + uuid.uuid4().hex[:24], c["name"], args))
-        return ("</think>" if self.thinking else ""), tuple(calls)
+        return text, tuple(calls)
 
 
 def _chat_logprobs(lp: Any) -> tuple[Any, ...]:
@@ -393,7 +399,7 @@ class RemoteHandle:
         if finish is None:
             raise UpstreamError(f"the upstream {up.url} ended its event stream without finishing the reply "
                                 f"({n} tokens arrived)")
-        end, calls = reply.end()
+        end, calls = reply.end(cut=finish == "length")
         if end or calls:
             await queue.put(TokenEvent(req.id, end, 0, tool_calls=calls))
         cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0
