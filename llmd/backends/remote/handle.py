@@ -120,11 +120,17 @@ class _Reply:
         if (isinstance(content, str) and content) or logprobs:
             out.append((("</think>" if self.thinking else "") + (content or ""), logprobs))
             self.thinking = False
-        for i, c in enumerate(delta.get("tool_calls") or []):
-            call = self.calls.setdefault(int(c.get("index", i)), {"id": "", "name": "", "arguments": ""})
+        for c in delta.get("tool_calls") or []:
+            index = c.get("index")
+            if not isinstance(index, int):  # no index: a new id starts a call, else it goes on the last
+                last = max(self.calls, default=-1)
+                index = last + 1 if last < 0 or (c.get("id") and c["id"] != self.calls[last]["id"]) else last
+            call = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
             fn = c.get("function") or {}
             call["id"] = c.get("id") or call["id"]
-            call["name"] += fn.get("name") or ""
+            name = fn.get("name") or ""
+            if name != call["name"]:  # a name in pieces is joined; one sent again whole is not doubled
+                call["name"] += name
             args = fn.get("arguments")
             call["arguments"] += args if isinstance(args, str) else json.dumps(args) if args is not None else ""
         return out
