@@ -153,7 +153,7 @@ def check_now(url: str, key_env: str | None, key_file: str | None) -> dict[str, 
         except BadRequest as e:
             u.mark_down(e.message)
             return u.as_dict()
-        async with aiohttp.ClientSession() as client:
+        async with aiohttp.ClientSession(trust_env=True) as client:
             await u.check(client, {"Authorization": f"Bearer {key}"} if key else {})
         return u.as_dict()
 
