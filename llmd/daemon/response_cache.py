@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlite_utils
 
-from llmd.backends.base import GenerationRequest, Usage
+from llmd.backends.base import GenerationRequest, StructuredCall, Usage
 from llmd.db import open_cache_db
 
 log = logging.getLogger("llmd.response_cache")
@@ -54,7 +54,7 @@ class Cached:
     pieces: list[str]
     finish_reason: str
     usage: Usage
-    tool_calls: tuple[tuple[str, str, str], ...] = ()
+    tool_calls: tuple[StructuredCall, ...] = ()
 
 
 def cacheable(req: GenerationRequest) -> bool:

@@ -33,6 +33,7 @@ from llmd.backends.base import (
     Event,
     FinalEvent,
     GenerationRequest,
+    StructuredCall,
     TokenEvent,
     Usage,
 )
@@ -135,7 +136,7 @@ class _Reply:
             call["arguments"] += args if isinstance(args, str) else json.dumps(args) if args is not None else ""
         return out
 
-    def end(self, cut: bool) -> tuple[str, tuple[tuple[str, str, str], ...]]:
+    def end(self, cut: bool) -> tuple[str, tuple[StructuredCall, ...]]:
         """Text still owed (a think block left open) and the calls, each checked. A call cut short by
         max_tokens (`cut`) whose arguments are not whole is passed on as the text it is, as a local
         model's would be: the reply says "length", and nothing is dropped."""

@@ -197,11 +197,19 @@ class Run:
                                      self.final.usage if self.final else None, self.cache, self.backend)
 
     @property
+    def answered_by(self) -> str:
+        """The model whose output this reply is: a remote model's local fallback when it answered
+        (its text is parsed in that model's own chat format)."""
+        if self.timing.get("fallback") and self.request is not None:
+            spec = json.loads(self.request.app.state.registry.get(self.model).get("remote") or "{}")
+            return str(spec.get("fallback") or self.model)
+        return self.model
+
+    @property
     def headers(self) -> dict[str, str]:
         out = {"X-LLMD-Cache": self.cache}
         if self.timing.get("fallback") and self.request is not None:
-            spec = json.loads(self.request.app.state.registry.get(self.model).get("remote") or "{}")
-            out["X-LLMD-Fallback"] = f"{spec.get('fallback')} (every upstream of {self.model} is down)"
+            out["X-LLMD-Fallback"] = f"{self.answered_by} (every upstream of {self.model} is down)"
         ignored = getattr(self.request.state, "ignored", None) if self.request is not None else None
         if ignored:
             out["X-LLMD-Ignored"] = ", ".join(ignored)

@@ -215,7 +215,7 @@ async def messages(request: Request) -> Response:
         stop=tuple(body.stop_sequences or ()), response_format=fmt, **tools)
     run = await start_run(request, body.model, req, "anthropic")
     mid = "msg_" + req.id
-    parser = ReplyParser(await chat_format(request, run.model), bool(tools["tools"]) and tools["tool_choice"] != "none")
+    parser = ReplyParser(await chat_format(request, run.answered_by), bool(tools["tools"]) and tools["tool_choice"] != "none")
     blocks = _Blocks()
 
     def message(final_usage: Usage | None, stop: str | None) -> dict[str, Any]:

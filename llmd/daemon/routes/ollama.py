@@ -183,7 +183,7 @@ def _calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 
 async def _respond(run: Run, stream: bool, chat: bool) -> Response:
-    parser = reply_parser(await chat_format(run.request, run.model), bool(run.req.tools)) \
+    parser = reply_parser(await chat_format(run.request, run.answered_by), bool(run.req.tools)) \
         if run.request is not None else None
 
     def piece(text: str, reasoning: str = "", calls: list[ToolCall] | None = None) -> dict[str, Any]:

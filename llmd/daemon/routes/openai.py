@@ -248,7 +248,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
     rid = ("chatcmpl-" if chat else "cmpl-") + run.req.id
     created = int(time.time())
     obj = "chat.completion" if chat else "text_completion"
-    parser = reply_parser(await chat_format(run.request, run.model), bool(run.req.tools)
+    parser = reply_parser(await chat_format(run.request, run.answered_by), bool(run.req.tools)
                           and run.req.tool_choice != "none") if chat and run.request is not None else None
     if not body.stream:
         text, final = await run.collect(run.request)

@@ -293,7 +293,7 @@ async def create(request: Request) -> Response:
     run = await start_run(request, body.model, req, "openai")
     rid = "resp_" + req.id
     created = int(time.time())
-    parser = ReplyParser(await chat_format(request, run.model), bool(tools) and choice != "none")
+    parser = ReplyParser(await chat_format(request, run.answered_by), bool(tools) and choice != "none")
     out = _Output()
 
     async def remember(resp: dict[str, Any]) -> None:
