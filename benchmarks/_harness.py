@@ -58,6 +58,27 @@ def start_llmd(env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str
     raise RuntimeError("llmd did not load its model in 180 s")
 
 
+def start_llmd_with(models: dict[str, str], env: dict[str, str] | None = None,
+                    home: Path | None = None) -> tuple[subprocess.Popen, str, Path]:
+    """llmd serving GGUF files registered under the given names (the first is the default model),
+    loaded before this returns. With `home`, a daemon that ran there before (models registered)."""
+    fresh = home is None
+    home = home or Path(tempfile.mkdtemp(prefix="llmd-bench-"))
+    name = next(iter(models))
+    full_env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": str(free_port()), "LLMD_MODEL": name,
+                "LLMD_PRELOAD": "0", **(env or {})}
+    log = (home / "daemon.out").open("ab")
+    proc = subprocess.Popen([sys.executable, "-m", "llmd", "serve"], env=full_env, stdout=log, stderr=log, cwd=ROOT)
+    url = f"http://127.0.0.1:{full_env['LLMD_PORT']}"
+    wait_http(url + "/llmd/health", proc)
+    for n, path in models.items() if fresh else ():
+        subprocess.run([sys.executable, "-m", "llmd", "models", "add", path, "--name", n], env=full_env, check=True,
+                       capture_output=True, cwd=ROOT)
+    httpx.post(url + "/v1/chat/completions", timeout=600, headers={"Cache-Control": "no-store"},
+               json={"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).raise_for_status()
+    return proc, url, home
+
+
 def wait_idle(url: str, timeout: float = 60.0) -> None:
     """Wait until llmd's engines have no idle work left (re-prefilling a reply, saving a prefix):
     it uses the CPU, and a peer measured meanwhile would be slowed by it."""

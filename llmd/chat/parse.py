@@ -221,11 +221,14 @@ def parse_calls(fmt: ChatFormat, text: str) -> tuple[list[ToolCall], str]:
 
 
 class ReplyParser:
-    """Streams deltas for one reply. `tools`: the request offered tools (else no call parsing)."""
+    """Streams deltas for one reply. `tools`: the tools the request offered, OpenAI-shaped (none:
+    no call parsing). A "call" to a tool not offered is the model's text, not a call: an app
+    cannot run it, and OpenAI never answers with one."""
 
-    def __init__(self, fmt: ChatFormat, tools: bool, think: bool = True) -> None:
+    def __init__(self, fmt: ChatFormat, tools: list[dict[str, Any]] | None, think: bool = True) -> None:
         self.fmt = fmt
-        self.tools = tools
+        self.tools = bool(tools)
+        self.names = frozenset(t["function"]["name"] for t in tools or ())
         self.think = think and fmt.thinking
         self.buf = ""
         self.held = False  # a tool call may have started: keep everything until the end
@@ -305,6 +308,8 @@ class ReplyParser:
             out.reasoning += rest
         elif self.held:
             calls, content = parse_calls(self.fmt, rest)
+            if any(c.name not in self.names for c in calls):
+                calls, content = [], rest
             out.tool_calls = calls
             out.content = content if self.generic_answer is None else ""
         else:
@@ -327,7 +332,7 @@ class ReplyParser:
         return self.reply
 
 
-def reply_parser(fmt: ChatFormat, tools: bool) -> ReplyParser | None:
+def reply_parser(fmt: ChatFormat, tools: list[dict[str, Any]] | None) -> ReplyParser | None:
     """A parser when the reply may hold tool calls or reasoning; None when its text is the content
     as it is (no per-token work for a plain chat)."""
     return ReplyParser(fmt, tools) if tools or fmt.thinking else None

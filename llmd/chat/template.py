@@ -6,6 +6,7 @@ from reaching Python internals. Models without a template get ChatML, and say so
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +23,19 @@ CHATML = (
 )
 
 
+# Qwen2.5's template shows the call format with doubled braces (a Python str.format escape that
+# Jinja keeps), and its small models then write calls as `{{"name": ...}}` text instead of
+# <tool_call> blocks, also after a tool result. Ollama's own Qwen templates show single braces;
+# so does llmd.
+_QWEN_CALL_EXAMPLE = ('<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>',
+                      '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def _raise(message: str) -> None:
     raise TemplateError(message)
 
@@ -33,6 +47,10 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        # tojson as transformers defines it for chat templates: keys in the order given, no HTML
+        # escaping (Jinja's own sorts keys and writes < as \u003c: tool definitions then read
+        # differently from what the model was trained on)
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(self.source)
         self._bos = bos_token
         self._eos = eos_token
@@ -43,13 +61,14 @@ class ChatTemplate:
         (a list of OpenAI-shaped {"type": "function", "function": {...}} objects, or unset)."""
         extra: dict[str, Any] = {"tools": tools} if tools else {}
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos,
                 eos_token=self._eos,
                 **extra,
             )
+            return text.replace(*_QWEN_CALL_EXAMPLE) if tools else text
         except TemplateError as e:
             raise BadRequest(f"the model's chat template refused these messages: {e}", "messages") from None
 

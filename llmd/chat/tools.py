@@ -33,6 +33,9 @@ class ToolConstraint:
     prefix: str = ""
     suffix: str = ""
     repeat: bool = False
+    # lazy (tool_choice auto): the model writes freely until it writes `trigger`, the start of a
+    # call; from there the call is held to the offered tools and their schemas, as llama-server does
+    trigger: str = ""
 
 
 def tool_names(tools: list[dict[str, Any]]) -> list[str]:
@@ -174,11 +177,11 @@ def constraint(fmt: ChatFormat, tools: list[dict[str, Any]], tool_choice: str,
             return ToolConstraint(call_reply)
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
         return ToolConstraint({"anyOf": [call_reply, answer]})
-    if not forced:
-        return None
     if fmt.tools == "hermes":
         return ToolConstraint(_one_of([_call_schema(t, "arguments") for t in chosen]), "<tool_call>\n",
-                              "\n</tool_call>", repeat=parallel)
+                              "\n</tool_call>", repeat=parallel, trigger="" if forced else "<tool_call>")
+    if not forced:
+        return None
     if fmt.tools == "llama3":
         return ToolConstraint(_one_of([_call_schema(t, "parameters") for t in chosen]))
     items: dict[str, Any] = {"type": "array", "items": _one_of([_call_schema(t, "arguments") for t in chosen]),
@@ -190,12 +193,17 @@ def _has_tool_history(messages: list[dict[str, Any]]) -> bool:
     return any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
 
 
+def offered_tools(req: Any) -> list[dict[str, Any]] | None:
+    """The tools a request (a GenerationRequest) lets the model call; None when it may call none."""
+    return req.tools if req.tools and req.tool_choice != "none" else None
+
+
 def prepare_tools(fmt: ChatFormat, req: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
                                                        ToolConstraint | None]:
     """For a chat request (a GenerationRequest): the messages to render, the tools to give the
     template, and the decoding constraint."""
     messages = req.messages or []
-    offered = req.tools if req.tools and req.tool_choice != "none" else None
+    offered = offered_tools(req)
     if offered is None and not _has_tool_history(messages):
         return messages, None, None
     if fmt.native_tools:

@@ -127,8 +127,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     registered = {r["path"] for r in registry.list()}
     elsewhere = [f for f in find_all() if not f.skip and str(f.path.resolve()) not in registered]
     remote = _remote_health(registry)
+    from llmd.config import draft_pairs
+    from llmd.models.drafts import choose_draft, vocab_compatible
+
+    draft, draft_why = (choose_draft(row, registry.list(), draft_pairs(settings.draft).get(row["name"]),
+                                     settings.auto_draft, vocab_compatible)
+                        if choice.backend == "llama.cpp" else (None, f"not used by {choice.backend}"))
     if args.json:
         return print_json({"machine": p.as_dict(), "model": settings.model, "choice": choice.as_dict(),
+                           "draft": {"model": draft["name"] if draft else None, "reason": draft_why},
                            "not_imported": [f.as_dict() for f in elsewhere], "remote": remote,
                             "repack": {"mode": settings.repack, "kind": record.kind,
                                        "decision": repack.as_dict() if repack else None, "records": record.here()},
@@ -152,6 +159,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  because {r}")
     for option, why in choice.rejected:
         print(f"  not {option}: {why}")
+    print(f"draft model: {draft['name'] if draft else 'none'} ({draft_why})")
     if repack is not None:
         print(f"weight repacking ({record.kind}): {'on' if repack.repack else 'off'} ({repack.reason})")
     for entry in record.here():
@@ -210,10 +218,14 @@ def cmd_status(args: argparse.Namespace) -> int:
                 console.print(f"  {u['url']}: {state}, check {u['latency_ms']} ms, {u['in_flight']} in flight, "
                               f"{u['served']} served")
             continue
-        spec = st.get("speculation")
-        if spec:
-            console.print(f"{m['name']}: draft model {m.get('draft') or 'none'}; accepted drafts: "
-                          + _acceptance(spec))
+        spec = st.get("speculation") or {}
+        if spec or m.get("draft_reason"):  # the pairing is known without the worker's stats
+            console.print(f"{m['name']}: draft model {m.get('draft') or 'none'} ({m.get('draft_reason', '?')}); "
+                          "accepted drafts: " + (_acceptance(spec) if spec else "? (the engine is busy)")
+                          + "".join(f"; {k} {x:.2f}x plain decoding" for k, x in (spec.get("speedup") or {}).items()))
+        th = st.get("threads")
+        if th:
+            console.print(f"{m['name']}: threads {th['reason']}")
         rp = m.get("repack") or {}
         console.print(f"{m['name']}: {m.get('policy', '?')} batching policy; weight repacking "
                       f"{'on' if rp.get('repack') else 'off'} ({rp.get('reason', '?')})")

@@ -85,11 +85,13 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def cmd_pair(args: argparse.Namespace) -> int:
-    if not args.draft and not args.none:
-        print("llmd: `llmd models pair TARGET DRAFT` needs a draft model (or --none to unpair)", file=sys.stderr)
+    if sum((bool(args.draft), args.none, args.auto)) != 1:
+        print("llmd: `llmd models pair TARGET` needs one of DRAFT, --none or --auto", file=sys.stderr)
         return 2
-    r = client_of(args).pair(args.name, None if args.none else args.draft)
-    what = f"{r['draft']} drafts for {r['model']}" if r["draft"] else f"{r['model']} has no draft model"
+    r = client_of(args).pair(args.name, args.draft, auto=args.auto)
+    what = (f"{r['draft']} drafts for {r['model']}" if r["draft"] else
+            f"{r['model']} gets a draft model automatically when a registered one fits" if r.get("auto") else
+            f"{r['model']} has no draft model")
     print(what + ("; it reloads with the next request" if r["reloads"] else ""))
     return 0
 
@@ -303,7 +305,9 @@ def register(cmd: AddCommand) -> None:
     a = action("pair", cmd_pair, "a smaller model with the same vocabulary drafts for TARGET")
     a.add_argument("name", metavar="TARGET")
     a.add_argument("draft", nargs="?", metavar="DRAFT")
-    a.add_argument("--none", action="store_true", help="unpair the target's draft model")
+    a.add_argument("--none", action="store_true", help="no draft model for TARGET, not even an automatic one")
+    a.add_argument("--auto", action="store_true", help="let llmd pair a registered model that shares TARGET's "
+                   "vocabulary at half its size or less (the default)")
 
     s = cmd("use", cmd_use, "switch the active model (loads it, retires the other)")
     s.add_argument("name")

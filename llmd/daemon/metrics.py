@@ -155,6 +155,10 @@ class _EngineCollector:
                                      labels=["model", "backend"])
         restored = CounterMetricFamily("llmd_prefix_cache_tokens_restored", "Tokens restored from disk",
                                        labels=["model", "backend"])
+        threads = GaugeMetricFamily("llmd_threads", "llama.cpp threads in use (fewer while other programs keep "
+                                    "cores busy)", labels=["model", "backend"])
+        others = GaugeMetricFamily("llmd_other_programs_cores", "Cores other programs kept busy at the last check",
+                                   labels=["model", "backend"])
         for m in loaded:
             st = m.get("stats") or {}
             lab = [m["name"], m.get("engine", "llama.cpp")]
@@ -164,11 +168,16 @@ class _EngineCollector:
             hits.add_metric(lab, pc.get("hits", 0))
             misses.add_metric(lab, pc.get("misses", 0))
             restored.add_metric(lab, pc.get("tokens_restored", 0))
+            if st.get("threads"):
+                threads.add_metric(lab, st["threads"]["threads"])
+                others.add_metric(lab, st["threads"]["others_cores"])
         yield g
         yield w
         yield hits
         yield misses
         yield restored
+        yield threads
+        yield others
         yield GaugeMetricFamily("llmd_models_loaded", "Models loaded", value=len(loaded))
         proc = self.m._process
         yield GaugeMetricFamily("llmd_process_resident_memory_bytes", "Daemon RSS", value=proc.memory_info().rss)

@@ -35,11 +35,12 @@ from llmd.backends.base import (
 from llmd.backends.repack import Decision, RepackRecord
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
-from llmd.config import Settings, draft_pairs, parse_duration
+from llmd.config import Settings, draft_pairs, fixed_threads, parse_duration
 from llmd.errors import BadRequest, EngineCrashed, EngineError, ModelUnavailable, Overloaded, from_wire
+from llmd.models.drafts import AUTOMATIC, choose_draft, vocab_compatible
 from llmd.models.gguf import read_gguf
-from llmd.models.memory import check_fit
-from llmd.models.registry import Registry, check_pair
+from llmd.models.memory import DoesNotFit, check_fit
+from llmd.models.registry import Registry
 
 log = logging.getLogger("llmd.scheduler")
 
@@ -79,7 +80,7 @@ class Scheduler:
         self.active_model = settings.model
         self.speculation = settings.speculation  # for requests that name none; the tray can change it
         self._draft_config = draft_pairs(settings.draft)
-        self._pairs_checked: set[tuple[str, str]] = set()  # (target, draft) digests of LLMD_DRAFT pairs
+        self._pairs_checked: dict[tuple[str, str], bool] = {}  # (target, draft) digests -> compatible
         self.in_flight = 0
         self.preparing = 0  # requests the routes are preparing (parsing, cache lookup), not yet submitted
         self.capacity = settings.slots + settings.max_queue
@@ -172,16 +173,26 @@ class Scheduler:
         if choice.backend == "none":
             raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
         # refuse before anything is allocated; other loaded models count as used memory already
-        draft = await self._draft_for(row) if choice.backend == "llama.cpp" else None
+        draft, draft_why = (await self._draft_for(row) if choice.backend == "llama.cpp"
+                            else (None, f"not used by {choice.backend}"))
         # file reads off the event loop
         info = await asyncio.to_thread(read_gguf, row["path"]) if row["format"] == "gguf" else None
         draft_info = await asyncio.to_thread(read_gguf, draft["path"]) if draft else None
-        estimate = (await asyncio.to_thread(check_fit, name, info, s.ctx, s.slots, None, draft_info)
-                    if info is not None else None)
+        try:
+            estimate = (await asyncio.to_thread(check_fit, name, info, s.ctx, s.slots, None, draft_info)
+                        if info is not None else None)
+        except DoesNotFit:
+            if not draft_why.startswith(AUTOMATIC) or info is None:
+                raise
+            # a draft llmd chose must never stop the model loading: without it, if that fits
+            assert draft is not None
+            draft_why = f"{draft['name']} (paired automatically) was left out: it and {name} do not fit in memory together"
+            draft, draft_info = None, None
+            estimate = await asyncio.to_thread(check_fit, name, info, s.ctx, s.slots, None, None)
         gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
         model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
         cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=s.ctx, n_slots=s.slots,
-                           chunk=s.chunk, threads=s.threads, gpu_layers=gpu_layers, model_digest=row["digest"],
+                           chunk=s.chunk, threads=fixed_threads(s.threads), gpu_layers=gpu_layers, model_digest=row["digest"],
                            precision=choice.precision,
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
                            prefix_min_tokens=s.prefix_min_tokens, profile=s.profile, exact=s.exact,
@@ -208,6 +219,7 @@ class Scheduler:
         worker.info["repack"] = decision.as_dict()
         worker.info["memory_estimate"] = estimate.as_dict() if estimate else {}
         worker.info["draft"] = draft["name"] if draft else None
+        worker.info["draft_reason"] = draft_why
         self._loaded(name, worker)
         log.info("loaded %s in worker pid %s (%.2fs)", name, worker.pid, worker.info.get("load_s", 0))
         self._retire_idle(keep=name)
@@ -262,18 +274,17 @@ class Scheduler:
             log.error("%s", self.unavailable[name])
             self.touch()
 
-    async def _draft_for(self, row: dict[str, Any]) -> dict[str, Any] | None:
-        """The model's draft model: LLMD_DRAFT first, then `llmd models pair`. A pair from the
-        environment is checked here, once per pair of files (the registry checked its own when it
-        was made)."""
-        name = self._draft_config.get(row["name"])
-        if name is not None:
-            draft = self.registry.get(name)
-            if (row["digest"], draft["digest"]) not in self._pairs_checked:
-                await asyncio.to_thread(check_pair, row, draft)
-                self._pairs_checked.add((row["digest"], draft["digest"]))
-            return draft
-        return self.registry.get(row["draft"]) if row.get("draft") else None
+    async def _draft_for(self, row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """The model's draft model and why (models/drafts.py), vocabularies read off the event loop."""
+        return await asyncio.to_thread(choose_draft, row, self.registry.list(), self._draft_config.get(row["name"]),
+                                       self.settings.auto_draft, self._compatible)
+
+    def _compatible(self, row: dict[str, Any], draft: dict[str, Any]) -> bool:
+        """Whether `draft` can draft for `row`, compared once per pair of files."""
+        key = (row["digest"], draft["digest"])
+        if key not in self._pairs_checked:
+            self._pairs_checked[key] = vocab_compatible(row, draft)
+        return self._pairs_checked[key]
 
     def choice_for(self, name: str, row: dict[str, Any] | None = None) -> Choice:
         """The backend for a model on this machine (probed once), with its reasons."""

@@ -68,6 +68,7 @@ MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged
 OWNED = ("created", "pulled")  # sources whose files llmd made, and so may delete
 
 
+NO_DRAFT = ""  # the draft column when the user refused a draft (`llmd models pair T --none`); NULL: automatic
 def check_pair(target: dict[str, Any], draft: dict[str, Any]) -> None:
     """Raise BadRequest naming every difference that stops `draft` drafting for `target`."""
     if target["name"] == draft["name"]:
@@ -155,11 +156,12 @@ class Registry:
         self.db.table("models").update(self.get(name)["name"], {"eval": json.dumps(result)})
 
     def pair(self, target: str, draft: str | None, checked: bool = False) -> dict[str, Any]:
-        """Make `draft` the target's draft model for speculation (None unpairs). Refused, with
-        what differs, unless both are GGUF models with compatible vocabularies (`checked`: the
-        caller ran check_pair already, off the thread that owns this registry)."""
+        """Make `draft` the target's draft model for speculation: NO_DRAFT refuses any (automatic
+        pairing included), None goes back to automatic pairing. Refused, with what differs, unless
+        both are GGUF models with compatible vocabularies (`checked`: the caller ran check_pair
+        already, off the thread that owns this registry)."""
         row = self.get(target)
-        if draft is not None:
+        if draft:
             draft_row = self.get(draft)
             draft = draft_row["name"]  # `name:latest` is the model registered as `name`
             if not checked:

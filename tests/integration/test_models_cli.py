@@ -31,7 +31,7 @@ def token(daemon: Daemon) -> dict[str, str]:
 
 
 def loaded(daemon: Daemon) -> list[str]:
-    return [m["name"] for m in httpx.get(daemon.url + "/api/ps").json()["models"]]
+    return [m["name"].removesuffix(":latest") for m in httpx.get(daemon.url + "/api/ps").json()["models"]]
 
 
 @pytest.fixture(scope="module")

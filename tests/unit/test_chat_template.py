@@ -49,3 +49,15 @@ def test_render_pieces_when_the_template_rewrites_contents():
     t = ChatTemplate("{% for m in messages %}[{{ m['content'] | upper }}]{% endfor %}", "", "")
     pieces = t.render_pieces([{"role": "user", "content": "abc"}])
     assert "".join(p for p, _ in pieces) == "[ABC]"
+
+
+def test_tools_render_as_transformers_does():
+    """Keys in the order given and no HTML escaping (transformers' tojson, not Jinja's), and
+    Qwen2.5's doubled-brace call example shown with single braces, as Ollama's templates do."""
+    src = ("{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+           '{{ "<tool_call>\\n{{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}}\\n</tool_call>" }}'
+           "{% for m in messages %}{{ m.content }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "f", "description": "a < b"}}]
+    text = ChatTemplate(src, "", "").render([{"role": "user", "content": "x"}], tools=tools)
+    assert text.startswith('{"type": "function", "function": {"name": "f", "description": "a < b"}}\n')
+    assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' in text

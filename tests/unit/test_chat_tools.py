@@ -60,7 +60,8 @@ def test_native_history_renders_calls_with_object_arguments():
                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "rainy"}]
     text = ChatTemplate(HERMES, "", "").render(native_messages(fmt, history), tools=TOOLS)
-    assert '<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>' in text  # an object
+    # an object, its keys in the order the call gave them (transformers' tojson, not Jinja's sorted one)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
     assert '"name": "add"' in text and "rainy" in text
 
 
@@ -92,7 +93,9 @@ def test_constraints_per_format_and_choice():
     assert named is not None
     calls = named.schema["properties"]["tool_calls"]
     assert calls["maxItems"] == 1 and calls["items"]["properties"]["name"] == {"const": "add"}
-    assert constraint(hermes, TOOLS, "auto", True) is None  # native auto: the model chooses freely
+    # native auto: the model chooses freely, and a call it starts is held to the tools (a lazy grammar)
+    lazy = constraint(hermes, TOOLS, "auto", True)
+    assert lazy is not None and lazy.trigger == "<tool_call>" and lazy.prefix == "<tool_call>\n"
     req = constraint(hermes, TOOLS, "required", True)
     assert req is not None and req.prefix == "<tool_call>\n" and req.repeat
     assert constraint(generic, TOOLS, "none", True) is None
@@ -130,12 +133,12 @@ def test_parse_each_format(fmt: str, text: str):
 
 
 def test_unparseable_call_stays_content():
-    reply = ReplyParser(detect(HERMES), True).parse("<tool_call>\n{not json</tool_call>")
+    reply = ReplyParser(detect(HERMES), TOOLS).parse("<tool_call>\n{not json</tool_call>")
     assert reply.tool_calls == [] and reply.content == "<tool_call>\n{not json</tool_call>"
 
 
 def test_stream_holds_only_what_may_be_a_call():
-    p = ReplyParser(detect(HERMES), True)
+    p = ReplyParser(detect(HERMES), TOOLS)
     shown = "".join(p.feed(ch).content for ch in "Let me check. <tool_")
     assert shown == "Let me check. "  # "<tool_" may begin a call: held
     shown += "".join(p.feed(ch).content for ch in 'call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>')
@@ -143,16 +146,25 @@ def test_stream_holds_only_what_may_be_a_call():
     assert shown == "Let me check. " and [c.name for c in end.tool_calls] == ["add"]
 
 
+def test_a_call_to_a_tool_not_offered_is_text():
+    """Qwen2.5-Coder 1.5B answers "What is 2 + 2?" with a call to an `add` it was never given."""
+    text = '{"name": "multiply", "arguments": {"a": 2, "b": 2}}'
+    reply = ReplyParser(detect(HERMES), TOOLS).parse(text)
+    assert reply.tool_calls == [] and reply.content == text
+    reply = ReplyParser(detect(HERMES), TOOLS).parse('{"name": "add", "arguments": {"a": 2}}')
+    assert [c.name for c in reply.tool_calls] == ["add"]
+
+
 def test_generic_answer_streams_as_text():
-    p = ReplyParser(detect(None), True)
+    p = ReplyParser(detect(None), TOOLS)
     out = "".join(p.feed(ch).content for ch in '{"response": "Hi \\"you\\" \\u00e9\\n."}')
     assert out == 'Hi "you" é\n.' and p.finish().content == ""
 
 
 def test_think_is_split_into_reasoning():
-    reply = ReplyParser(detect(THINKING), False).parse("<think>Two plus two.</think>\n\nFour.")
+    reply = ReplyParser(detect(THINKING), None).parse("<think>Two plus two.</think>\n\nFour.")
     assert reply.reasoning == "Two plus two." and reply.content == "Four."
-    plain = ReplyParser(detect(HERMES), False).parse("<think>kept</think>")  # a template without it
+    plain = ReplyParser(detect(HERMES), None).parse("<think>kept</think>")  # a template without it
     assert plain.content == "<think>kept</think>"
 
 
@@ -161,11 +173,11 @@ def test_structured_calls_pass_through_the_parser_untouched():
     structured calls (ids kept) come out with the reply's end, streamed or whole."""
     from llmd.chat.formats import STRUCTURED
 
-    p = ReplyParser(STRUCTURED, tools=True)
+    p = ReplyParser(STRUCTURED, tools=TOOLS)
     first = p.feed('{"name": "x"} is JSON')
     assert first.content == '{"name": "x"} is JSON' and not first.tool_calls
     assert not p.feed("", (("call_up_1", "add", '{"a": 1}'),)).tool_calls  # held for the end
     end = p.finish()
     assert [(c.id, c.name, c.arguments) for c in end.tool_calls] == [("call_up_1", "add", '{"a": 1}')]
-    whole = ReplyParser(STRUCTURED, tools=True).parse("<think>hm</think>Checking.", (("c1", "add", "{}"),))
+    whole = ReplyParser(STRUCTURED, tools=TOOLS).parse("<think>hm</think>Checking.", (("c1", "add", "{}"),))
     assert (whole.reasoning, whole.content, [c.id for c in whole.tool_calls]) == ("hm", "Checking.", ["c1"])

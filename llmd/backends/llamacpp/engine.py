@@ -60,6 +60,7 @@ from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for, grammar_fo
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
 from llmd.backends.llamacpp.text import TextStream
+from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
@@ -120,7 +121,7 @@ class LlamaCppEngine:
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._llama_decode = Decoder(self.ctx, cfg.repack)
-        self.threads = threads
+        self.governor = ThreadGovernor(threads, fixed=bool(cfg.threads))
 
         self.bos = L.llama_vocab_bos(self.vocab)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -169,7 +170,7 @@ class LlamaCppEngine:
             "chunk": self.chunk,
             "policy": "exact" if self.exact else "fast",
             "prefill_budget": self.budget,
-            "threads": self.threads,
+            "threads": self.governor.most,
             "gpu_layers": min(self.cfg.gpu_layers, int(L.llama_model_n_layer(self.model)))
             if self._L.llama_supports_gpu_offload() else 0,
             "n_layer": int(L.llama_model_n_layer(self.model)),
@@ -186,7 +187,8 @@ class LlamaCppEngine:
     def embed(self, req: EmbedRequest) -> EmbedResult:
         if self.embedder is None:  # its own context, made at the first embedding request
             n_ctx = min(self.cfg.n_ctx, int(self._L.llama_model_n_ctx_train(self.model)) or self.cfg.n_ctx)
-            self.embedder = Embedder(self.model, self.vocab, n_ctx, self.threads, self.cfg.repack)
+            self.embedder = Embedder(self.model, self.vocab, n_ctx, self.governor.threads, self.cfg.repack)
+        self._choose_threads()
         return self.embedder.embed(req)
 
     def cancel(self, request_id: str) -> None:
@@ -217,7 +219,7 @@ class LlamaCppEngine:
         if not self.cfg.draft_path:
             return None, ""
         try:
-            return DraftModel(self.cfg.draft_path, self.cfg.n_ctx, self.cfg.n_slots, self.threads, self.n_vocab,
+            return DraftModel(self.cfg.draft_path, self.cfg.n_ctx, self.cfg.n_slots, self.governor.threads, self.n_vocab,
                               self.cfg.repack), ""
         except Exception as e:
             log.warning("draft model %s not loaded: %s", self.cfg.draft_path, e)
@@ -234,6 +236,7 @@ class LlamaCppEngine:
             # still to do when idle (snapshots being written included): benchmarks wait for it
             "idle_work": (self._idle_slot() is not None or self._cost_pending()
                           or (self.prefix is not None and self.prefix.writing)),
+            "threads": self.governor.info(),
             "speculation": self.spec.stats(),
             "prefix_cache": self.prefix.info() if self.prefix is not None else {"enabled": False},
             "profile": self.profiler.summary(),
@@ -269,6 +272,7 @@ class LlamaCppEngine:
     def step(self) -> list[Event]:
         t0 = time.perf_counter()
         events: list[Event] = []
+        self._choose_threads()
         self._release_cancelled(events)
         self._admit(events)
         prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling),
@@ -289,6 +293,18 @@ class LlamaCppEngine:
         else:
             self._step_times.append(time.perf_counter() - t0)
         return events
+
+    def _choose_threads(self) -> None:
+        """Fewer threads while other programs keep cores busy, all of them again when they stop
+        (threads.py): llama.cpp takes a new count between decodes."""
+        n = self.governor.check()
+        if n is None:
+            return
+        L = self._L
+        for ctx in (self.ctx, self.spec.draft.ctx if self.spec.draft else None,
+                    self.embedder.ctx if self.embedder else None):
+            if ctx is not None:
+                L.llama_set_n_threads(ctx, n, n)
 
     def _release_cancelled(self, events: list[Event]) -> None:
         for slot in self.slots:
@@ -356,11 +372,11 @@ class LlamaCppEngine:
         return (slot, reuse) if slot is not target else (target, 0)
 
     def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
-        grammar = grammar_for(req.response_format)
+        grammar, trigger = grammar_for(req.response_format), ""
         if req.messages is not None and not req.raw:
             messages, tools, constraint = prepare_tools(self.chat_format, req)
             if constraint is not None:
-                grammar = grammar_for_tools(constraint)
+                grammar, trigger = grammar_for_tools(constraint), constraint.trigger
             pieces = self.template.render_pieces(messages, tools)
             text = "".join(p for p, _ in pieces)
             add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
@@ -379,16 +395,12 @@ class LlamaCppEngine:
                 "shorten the prompt or raise the context (LLMD_CTX)",
                 "messages" if req.messages is not None else "prompt",
             )
+        # max_tokens is an upper bound, as llama-server and Ollama treat it: a reply that reaches the
+        # end of the context ends there with finish_reason "length"
         room = n_ctx - len(prompt)
-        if req.max_tokens is not None and req.max_tokens > room:
-            raise ContextOverflow(
-                f"max_tokens is {req.max_tokens} but the prompt ({len(prompt)} tokens) leaves {room} of the "
-                f"{n_ctx}-token context: ask for at most {room} tokens",
-                "max_tokens",
-            )
-        max_tokens = req.max_tokens if req.max_tokens is not None else room
+        max_tokens = min(req.max_tokens, room) if req.max_tokens is not None else room
         drafters = self.spec.drafters_for(req.speculation)
-        sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar)
+        sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar, trigger)
         active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received, n_ctx=n_ctx)
         active.drafters = drafters
         active.auto = req.speculation in ("auto", "")
@@ -400,6 +412,9 @@ class LlamaCppEngine:
         token is the target's own sample from these logits; a draft is kept only while it equals
         that sample, and the KV of rejected drafts is removed."""
         prof = self.profiler
+        t_step = time.perf_counter()
+        lone = decoding[0].active if len(decoding) == 1 else None
+        lone_gen = lone.n_gen if lone is not None else 0
         plan: list[tuple[Slot, int, list[int]]] = []  # decoding slot, its first row, its drafts
         parts: list[tuple[Slot, int, int, int]] = []  # prefilling slot, prompt start, end, first row
         n = 0
@@ -456,6 +471,9 @@ class LlamaCppEngine:
                     self._sample(slot, row + end - start - 1, events)
         for slot, row, drafts in plan:
             self._accept(slot, row, drafts, events)
+        if lone is not None and not parts:  # a lone stream: what each drafter gains, measured live
+            self.spec.note_lone_step(lone.last_drafter if plan[0][2] else "", lone.n_gen - lone_gen,
+                                     time.perf_counter() - t_step)
 
     def _accept(self, slot: Slot, row: int, drafts: list[int], events: list[Event]) -> None:
         a = slot.active

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import random
 import re
@@ -101,7 +102,8 @@ def grammar_for_tools(c: ToolConstraint) -> str:
 class SamplerChain:
     """Owns a llama_sampler chain; `sample(ctx, i)` samples and accepts the token of output row i."""
 
-    def __init__(self, vocab: Any, n_vocab: int, sampling: Sampling, grammar: str | None) -> None:
+    def __init__(self, vocab: Any, n_vocab: int, sampling: Sampling, grammar: str | None, trigger: str = "") -> None:
+        """`trigger`: the grammar is lazy, applied from the first occurrence of this text on."""
         import llama_cpp as L
 
         self._L = L
@@ -110,7 +112,12 @@ class SamplerChain:
         self.chain = L.llama_sampler_chain_init(params)
         add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if grammar is not None:
-            g = L.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+            if trigger:
+                # llama.cpp matches the pattern against all text so far; the grammar is fed from group 1
+                pattern = (ctypes.c_char_p * 1)(f"[\\s\\S]*?({re.escape(trigger)})[\\s\\S]*".encode())
+                g = L.llama_sampler_init_grammar_lazy_patterns(vocab, grammar.encode(), b"root", pattern, 1, None, 0)
+            else:
+                g = L.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
             if not g:
                 self.close()
                 raise GrammarError("the grammar for response_format did not parse", "response_format")

@@ -58,6 +58,8 @@ class Speculator:
         self.totals = {"ngram": [0, 0], "draft": [0, 0]}  # drafter -> [drafted, accepted]
         # recent acceptance across requests: where a new request's estimate starts
         self.prior = {"ngram": FIRST_GUESS, "draft": FIRST_GUESS}
+        # live traffic, a lone stream's decode steps by drafter ("" = plain): [tokens, seconds]
+        self.lone: dict[str, list[float]] = {"": [0, 0.0], "ngram": [0, 0.0], "draft": [0, 0.0]}
 
     def drafters_for(self, mode: str) -> tuple[str, ...]:
         """The drafters a request's `speculation` mode allows; 'draft' needs a paired draft model."""
@@ -108,10 +110,23 @@ class Speculator:
         self.totals[kind][0] += drafted
         self.totals[kind][1] += accepted
 
+    def note_lone_step(self, kind: str, tokens: int, seconds: float) -> None:
+        """A step that decoded one stream alone, drafts and sampling included."""
+        self.lone[kind][0] += tokens
+        self.lone[kind][1] += seconds
+
+    def speedup(self) -> dict[str, float]:
+        """Measured on live traffic: each drafter's tokens/s over plain decoding's for a lone
+        stream (plain from its own steps, or from t(0) while auto has hardly decoded plainly)."""
+        tokens, seconds = self.lone[""]
+        plain = tokens / seconds if tokens >= 32 else 1 / self.cost[0] if 0 in self.cost else 0.0
+        return {k: round(t / s / plain, 2) for k, (t, s) in self.lone.items() if k and t >= 32 and plain}
+
     def stats(self) -> dict[str, Any]:
         by = {k: {"drafted": d, "accepted": acc, "acceptance": round(acc / d, 3) if d else None}
               for k, (d, acc) in self.totals.items()}
-        out: dict[str, Any] = {"verify_cost_ms": {k: round(v * 1000, 2) for k, v in self.cost.items()}, **by}
+        out: dict[str, Any] = {"verify_cost_ms": {k: round(v * 1000, 2) for k, v in self.cost.items()}, **by,
+                               "speedup": self.speedup()}
         if self.draft is not None:
             out["draft_model"] = self.draft.info()
         elif self.draft_error:

@@ -150,7 +150,7 @@ def sampling_kwargs(req: GenerationRequest, room: int) -> dict[str, Any]:
     what the request asked or the room its prompt leaves in the context."""
     s = req.sampling
     kw: dict[str, Any] = {
-        "max_tokens": req.max_tokens if req.max_tokens is not None else room,
+        "max_tokens": min(req.max_tokens, room) if req.max_tokens is not None else room,  # an upper bound
         "temperature": s.temperature,
         "return_perf_metrics": True,
     }
@@ -311,10 +311,10 @@ class TensorRTEngine:
                 req.messages, tokenize=False, add_generation_prompt=True)
             n_prompt = len(self.llm.tokenizer.encode(prompt, add_special_tokens=False))
             room = self.cfg.n_ctx - n_prompt
-            if room <= 0 or (req.max_tokens is not None and req.max_tokens > room):
+            if room <= 0:
                 raise ContextOverflow(
-                    f"the prompt is {n_prompt} tokens and max_tokens {req.max_tokens}, but the context holds "
-                    f"{self.cfg.n_ctx}: shorten the prompt or ask for at most {max(room, 0)} tokens", "max_tokens")
+                    f"the prompt is {n_prompt} tokens but the context holds {self.cfg.n_ctx}: shorten the prompt "
+                    "or raise the context (LLMD_CTX)", "messages" if req.messages is not None else "prompt")
             ns = {name: getattr(llmapi, name) for name in dir(llmapi) if not name.startswith("_")}
             params = SamplingParams(**materialize(sampling_kwargs(req, room), ns))
             output = self.llm.generate_async(prompt, params, streaming=True)

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
 from llmd.chat.parse import Delta, ReplyParser
-from llmd.chat.tools import check_choice
+from llmd.chat.tools import check_choice, offered_tools
 from llmd.daemon.routes._common import Run, chat_format, normalize_tools, parse_body, start_run
 from llmd.daemon.security import error_body
 from llmd.errors import BadRequest, LlmdError
@@ -215,7 +215,7 @@ async def messages(request: Request) -> Response:
         stop=tuple(body.stop_sequences or ()), response_format=fmt, **tools)
     run = await start_run(request, body.model, req, "anthropic")
     mid = "msg_" + req.id
-    parser = ReplyParser(await chat_format(request, run.answered_by), bool(tools["tools"]) and tools["tool_choice"] != "none")
+    parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req))
     blocks = _Blocks()
 
     def message(final_usage: Usage | None, stop: str | None) -> dict[str, Any]:

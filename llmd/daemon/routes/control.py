@@ -19,15 +19,17 @@ from llmd.backends.llamacpp.prefix_store import PrefixStore
 from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import parse_body
 from llmd.daemon.security import check_token
+from llmd.errors import BadRequest
 from llmd.models.gguf import read_gguf
 from llmd.models.memory import available_bytes, estimate
-from llmd.models.registry import check_pair
+from llmd.models.registry import NO_DRAFT, check_pair
 
 
 class PairBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    draft: str | None = None  # None unpairs
+    draft: str | None = None  # None: no draft model, not even one paired automatically
+    auto: bool = False  # back to automatic pairing (draft must be None)
 
 
 class SpeculationBody(BaseModel):
@@ -177,12 +179,15 @@ async def pair_model(request: Request) -> Response:
     _authorize(request)
     body = await parse_body(request, PairBody)
     registry = request.app.state.registry
+    if body.auto and body.draft is not None:
+        raise BadRequest("give a draft model or auto, not both", "auto")
     if body.draft is not None:  # reading two vocabularies takes a moment: not on the event loop
         await asyncio.to_thread(check_pair, registry.get(body.model), registry.get(body.draft))
-    row = registry.pair(body.model, body.draft, checked=True)
+    row = registry.pair(body.model, None if body.auto else body.draft or NO_DRAFT, checked=True)
     reloading = request.app.state.scheduler.unload(row["name"])
     request.app.state.scheduler.touch()
-    return JSONResponse({"model": row["name"], "draft": row["draft"], "reloads": reloading})
+    return JSONResponse({"model": row["name"], "draft": row["draft"] or None, "auto": row["draft"] is None,
+                         "reloads": reloading})
 
 
 async def set_speculation(request: Request) -> Response:

@@ -22,6 +22,7 @@ from llmd import __version__
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent
 from llmd.chat.formats import detect
 from llmd.chat.parse import ToolCall, reply_parser
+from llmd.chat.tools import offered_tools
 from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import (
     Run,
@@ -35,7 +36,9 @@ from llmd.daemon.routes.openai import chat_logprobs
 from llmd.errors import BadRequest, LlmdError
 
 log = logging.getLogger("llmd.requests")
-OLLAMA_COMPAT_VERSION = "0.12.0"  # the Ollama API version whose shapes these routes follow
+# the Ollama API version whose routes and shapes these follow (with the Responses API that Ollama
+# serves since 0.13.4: Codex CLI's --oss checks for at least that)
+OLLAMA_COMPAT_VERSION = "0.13.5"
 
 
 class _Options(BaseModel):
@@ -183,7 +186,7 @@ def _calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 
 async def _respond(run: Run, stream: bool, chat: bool) -> Response:
-    parser = reply_parser(await chat_format(run.request, run.answered_by), bool(run.req.tools)) \
+    parser = reply_parser(await chat_format(run.request, run.answered_by), offered_tools(run.req)) \
         if run.request is not None else None
 
     def piece(text: str, reasoning: str = "", calls: list[ToolCall] | None = None) -> dict[str, Any]:
@@ -331,7 +334,7 @@ async def ps(request: Request) -> Response:
         exp = scheduler.expires_at(name)
         expires = (datetime.fromtimestamp(exp, timezone.utc).isoformat().replace("+00:00", "Z")
                    if exp is not None else "2318-08-30T00:00:00Z")
-        out.append({"name": name, "model": name, "size": w.info.get("memory_estimate", {}).get("total", m["size"]),
+        out.append({"name": _tagged(name), "model": _tagged(name), "size": w.info.get("memory_estimate", {}).get("total", m["size"]),
                     "digest": m["digest"].removeprefix("sha256:"), "details": _details(m), "expires_at": expires,
                     "size_vram": 0, "context_length": w.cfg.n_ctx})
     return JSONResponse({"models": out})

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
 from llmd.chat.parse import ToolCall, reply_parser
-from llmd.chat.tools import check_choice
+from llmd.chat.tools import check_choice, offered_tools
 from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import Run, chat_format, normalize_tools, parse_body, start_run, text_of
 from llmd.daemon.security import error_body
@@ -248,8 +248,7 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
     rid = ("chatcmpl-" if chat else "cmpl-") + run.req.id
     created = int(time.time())
     obj = "chat.completion" if chat else "text_completion"
-    parser = reply_parser(await chat_format(run.request, run.answered_by), bool(run.req.tools)
-                          and run.req.tool_choice != "none") if chat and run.request is not None else None
+    parser = reply_parser(await chat_format(run.request, run.answered_by), offered_tools(run.req)) if chat and run.request is not None else None
     if not body.stream:
         text, final = await run.collect(run.request)
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(final.finish_reason), "logprobs": None}

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from llmd.backends.base import FinalEvent, GenerationRequest, Sampling, TokenEvent
 from llmd.chat.parse import Delta, ReplyParser, ToolCall
-from llmd.chat.tools import check_choice
+from llmd.chat.tools import check_choice, offered_tools
 from llmd.daemon.routes._common import chat_format, normalize_tools, parse_body, start_run
 from llmd.errors import BadRequest, LlmdError, NotFound
 
@@ -293,7 +293,7 @@ async def create(request: Request) -> Response:
     run = await start_run(request, body.model, req, "openai")
     rid = "resp_" + req.id
     created = int(time.time())
-    parser = ReplyParser(await chat_format(request, run.answered_by), bool(tools) and choice != "none")
+    parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req))
     out = _Output()
 
     async def remember(resp: dict[str, Any]) -> None:

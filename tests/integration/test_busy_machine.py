@@ -1,0 +1,105 @@
+"""A busy desktop: with LLMD_THREADS=auto the engine gives up the threads other programs' cores are
+taken by, and takes them back when those programs stop; a fixed LLMD_THREADS never changes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Daemon
+
+pytestmark = pytest.mark.integration
+BUSY = "while True: pass"
+
+
+@contextmanager
+def generating(d: Daemon) -> Iterator[None]:
+    """Keep the engine decoding (the thread count is reconsidered only while it works)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        with d.client() as c:
+            while not stop.is_set():
+                c.post("/v1/chat/completions", headers={"Cache-Control": "no-store"}, json={
+                    "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}],
+                    "max_tokens": 60, "temperature": 0.8})
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(60)
+
+
+def threads(d: Daemon) -> dict:
+    loaded = httpx.get(d.url + "/llmd/status", timeout=30).json()["loaded"]
+    return loaded[0]["stats"]["threads"]
+
+
+def wait_for(check: Callable[[dict], bool], d: Daemon, seconds: float) -> tuple[bool, list[dict]]:
+    seen = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen.append(threads(d))
+        if check(seen[-1]):
+            return True, seen
+        time.sleep(0.25)
+    return False, seen
+
+
+@pytest.fixture(scope="module")
+def auto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("busy") / "home", env={"LLMD_THREADS": "auto"}).start()
+    yield d
+    d.stop()
+
+
+def test_auto_threads_back_off_while_another_program_is_busy(auto: Daemon, tmp_path: Path):
+    with generating(auto):
+        ok, seen = wait_for(lambda t: t["threads"] == t["most"], auto, 10)
+        assert ok and seen[-1]["auto"], seen  # a quiet machine: all of them
+        most = seen[-1]["most"]
+        if most < 2:
+            pytest.skip("one core: there is no thread to give up")
+        busy = subprocess.Popen([sys.executable, "-c", BUSY])
+        try:
+            ok, seen = wait_for(lambda t: t["threads"] < most, auto, 5)
+            assert ok, seen
+            assert "other programs keep" in seen[-1]["reason"] and seen[-1]["others_cores"] >= 0.5, seen[-1]
+        finally:
+            busy.kill()
+            busy.wait()
+        ok, seen = wait_for(lambda t: t["threads"] == most, auto, 5)
+        assert ok, seen
+    r = subprocess.run([sys.executable, "-m", "llmd", "status"], env={**auto.env, "COLUMNS": "300"},
+                       capture_output=True, text=True, timeout=60)
+    assert f"threads {most} of {most}" in r.stdout, r.stdout
+    metrics = httpx.get(auto.url + "/metrics", timeout=30).text
+    assert re.search(r'^llmd_threads\{backend="llama.cpp",model="smollm2-135m"\} [1-9]', metrics, re.M), metrics
+    assert "llmd_other_programs_cores{" in metrics
+
+
+def test_fixed_threads_never_change(tmp_path: Path):
+    d = Daemon(tmp_path / "home", env={"LLMD_THREADS": "2"}).start()
+    try:
+        busy = subprocess.Popen([sys.executable, "-c", BUSY])
+        try:
+            with generating(d):
+                ok, seen = wait_for(lambda t: t["threads"] != 2, d, 3)
+        finally:
+            busy.kill()
+            busy.wait()
+        assert not ok and seen and seen[-1] == {**seen[-1], "threads": 2, "auto": False}, seen
+        assert seen[-1]["reason"] == "fixed at 2 (LLMD_THREADS)"
+    finally:
+        d.stop()
