@@ -178,6 +178,38 @@ def test_responses_api_function_call_and_stream(http: httpx.Client):
     assert text and done["content"][0]["text"] == text
 
 
+def test_responses_api_takes_every_tool_type_codex_sends(http: httpx.Client):
+    """Function, namespace and custom tools reach the model; hosted tools are left out and named in
+    X-LLMD-Ignored (Codex CLI sends all four kinds)."""
+    tools = [{"type": "function", "name": "shell", "description": "Run a command",
+              "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}},
+             {"type": "namespace", "name": "multi_agent_v1", "description": "Agents", "tools": [
+                 {"type": "function", "name": "spawn_agent", "description": "Start an agent",
+                  "parameters": {"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}}]},
+             {"type": "custom", "name": "apply_patch", "description": "Apply a patch to files"},
+             {"type": "web_search"}]
+    r = http.post("/v1/responses", json={"input": "Start an agent that tidies the docs.", "tools": tools,
+                                         "tool_choice": {"type": "function", "name": "spawn_agent",
+                                                         "namespace": "multi_agent_v1"}, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert "tools[3] (web_search)" in r.headers["X-LLMD-Ignored"]
+    fc = r.json()["output"][0]
+    assert (fc["type"], fc["name"], fc["namespace"]) == ("function_call", "spawn_agent", "multi_agent_v1"), fc
+    jsonschema.validate(json.loads(fc["arguments"]), tools[1]["tools"][0]["parameters"])
+    r = http.post("/v1/responses", json={"input": "Fix the typo in README.md.", "tools": tools, "temperature": 0,
+                                         "tool_choice": {"type": "custom", "name": "apply_patch"}})
+    ctc = r.json()["output"][0]
+    assert ctc["type"] == "custom_tool_call" and ctc["name"] == "apply_patch" and isinstance(ctc["input"], str), ctc
+    follow = [{"type": "message", "role": "user", "content": "Fix the typo in README.md."},
+              {**ctc, "status": "completed"},
+              {"type": "custom_tool_call_output", "call_id": ctc["call_id"], "output": "Done: 1 file changed"},
+              {**fc}, {"type": "function_call_output", "call_id": fc["call_id"], "output": "agent started"}]
+    with http.stream("POST", "/v1/responses", json={"input": follow, "tools": tools, "stream": True,
+                                                    "max_output_tokens": 10}) as s:
+        kinds = [json.loads(line[6:])["type"] for line in s.iter_lines() if line.startswith("data: ")]
+    assert s.status_code == 200 and kinds[-1] == "response.completed", kinds
+
+
 def test_anthropic_messages(http: httpx.Client):
     r = http.post("/v1/messages", json={"model": "smollm2-135m", "max_tokens": 20, "system": "Be brief.",
                                         "messages": [{"role": "user", "content": "Hi"}]})

@@ -24,7 +24,8 @@ from starlette.routing import Route
 from llmd.backends.base import FinalEvent, GenerationRequest, Sampling, TokenEvent
 from llmd.chat.parse import Delta, ReplyParser, ToolCall
 from llmd.chat.tools import check_choice, offered_tools
-from llmd.daemon.routes._common import chat_format, normalize_tools, parse_body, start_run
+from llmd.daemon.routes._common import chat_format, parse_body, start_run
+from llmd.daemon.routes.responses_tools import ToolMap, map_tools
 from llmd.errors import BadRequest, LlmdError, NotFound
 
 
@@ -77,7 +78,8 @@ def _text_of(content: Any, where: str) -> str:
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Responses input items as chat messages."""
+    """Responses input items as chat messages (calls to namespaced and custom tools under the
+    names the model sees them by: responses_tools.py)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
@@ -91,10 +93,13 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 raise BadRequest(f"{where}.role is {role!r}; use user, system, developer or assistant", where)
             out.append({"role": "system" if role == "developer" else role,
                         "content": _text_of(item.get("content", ""), where)})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             call_id, name = str(item.get("call_id") or item.get("id") or ""), str(item.get("name", ""))
-            call = {"id": call_id, "type": "function", "function": {"name": name,
-                                                                    "arguments": item.get("arguments") or "{}"}}
+            if item.get("namespace"):
+                name = f"{item['namespace']}.{name}"
+            args = (item.get("arguments") or "{}" if kind == "function_call"
+                    else json.dumps({"input": item.get("input", "")}, ensure_ascii=False))
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             names[call_id] = name
             if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
                 out[-1]["tool_calls"].append(call)
@@ -102,7 +107,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 out[-1]["tool_calls"] = [call]
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output", "")
             cid = item.get("call_id", "")
             out.append({"role": "tool", "tool_call_id": cid, "name": names.get(cid, ""),
@@ -111,22 +116,21 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue  # earlier reasoning is not shown to the model again, as chat templates drop it
         else:
             raise BadRequest(f"{where} is a {kind!r} item; llmd takes message, function_call, "
-                             "function_call_output and reasoning items", where)
+                             "function_call_output, custom_tool_call, custom_tool_call_output and reasoning "
+                             "items", where)
     return out
 
 
-def _tools(body: ResponsesBody) -> tuple[list[dict[str, Any]] | None, str]:
-    flat = [{"type": t.get("type"), "function": {k: v for k, v in t.items() if k != "type"}}
-            if isinstance(t, dict) and "function" not in t else t for t in body.tools or []]
-    tools = normalize_tools(flat)
+def _tools(body: ResponsesBody) -> tuple[ToolMap, str]:
+    tools = map_tools(body.tools)
     choice = body.tool_choice or "auto"
     if isinstance(choice, dict):
         name = choice.get("name") or (choice.get("function") or {}).get("name")
-        if choice.get("type") != "function" or not name:
+        if choice.get("type") not in ("function", "custom") or not name:
             raise BadRequest("tool_choice must be none, auto, required or {\"type\": \"function\", \"name\": ...}",
                              "tool_choice")
-        choice = name
-    check_choice(tools, choice)
+        choice = tools.model_name(name, choice.get("namespace"))
+    check_choice(tools.tools or None, choice)
     return tools, choice
 
 
@@ -144,10 +148,11 @@ def _response_format(body: ResponsesBody) -> dict[str, Any] | None:
 class _Output:
     """Builds the output items, in order, from parser deltas; yields the stream events for each."""
 
-    def __init__(self) -> None:
+    def __init__(self, tools: ToolMap) -> None:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None
         self.seq = 0
+        self.tools = tools
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self.seq += 1
@@ -213,17 +218,24 @@ class _Output:
     def _calls(self, calls: list[ToolCall]) -> list[dict[str, Any]]:
         evs = []
         for c in calls:
-            item = {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": c.id, "name": c.name,
-                    "arguments": c.arguments, "status": "completed"}
+            item = self.tools.output_item(c.id, uuid.uuid4().hex, c.name, c.arguments)
             self.items.append(item)
             idx = len(self.items) - 1
-            evs += [self.event("response.output_item.added", output_index=idx,
-                               item={**item, "arguments": "", "status": "in_progress"}),
-                    self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=idx,
-                               delta=c.arguments),
-                    self.event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
-                               name=c.name, arguments=c.arguments),
-                    self.event("response.output_item.done", output_index=idx, item=item)]
+            if item["type"] == "custom_tool_call":
+                evs += [self.event("response.output_item.added", output_index=idx,
+                                   item={**item, "input": "", "status": "in_progress"}),
+                        self.event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=idx,
+                                   delta=item["input"]),
+                        self.event("response.custom_tool_call_input.done", item_id=item["id"], output_index=idx,
+                                   input=item["input"])]
+            else:
+                evs += [self.event("response.output_item.added", output_index=idx,
+                                   item={**item, "arguments": "", "status": "in_progress"}),
+                        self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=idx,
+                                   delta=c.arguments),
+                        self.event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                                   name=item["name"], arguments=c.arguments)]
+            evs.append(self.event("response.output_item.done", output_index=idx, item=item))
         return evs
 
     def finish(self) -> list[dict[str, Any]]:
@@ -231,7 +243,7 @@ class _Output:
 
 
 def _response(rid: str, body: ResponsesBody, model: str, created: int, output: list[dict[str, Any]],
-              final: FinalEvent | None, tools: list[dict[str, Any]] | None, choice: str) -> dict[str, Any]:
+              final: FinalEvent | None, choice: str) -> dict[str, Any]:
     status = "in_progress" if final is None else "incomplete" if final.finish_reason == "length" else "completed"
     u = final.usage if final else None
     return {
@@ -239,7 +251,7 @@ def _response(rid: str, body: ResponsesBody, model: str, created: int, output: l
         "output": output, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": body.instructions, "metadata": body.metadata or {},
-        "tools": [{"type": "function", **t["function"], "strict": False} for t in tools or []],
+        "tools": body.tools or [],
         "tool_choice": choice if choice in ("none", "auto", "required") else {"type": "function", "name": choice},
         "parallel_tool_calls": body.parallel_tool_calls, "temperature": body.temperature, "top_p": body.top_p,
         "max_output_tokens": body.max_output_tokens, "previous_response_id": body.previous_response_id,
@@ -254,9 +266,10 @@ def _response(rid: str, body: ResponsesBody, model: str, created: int, output: l
 
 
 def _reply_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reply as the chat history stores it: calls under the names the model sees."""
     text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
-    calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
-             for i in output if i["type"] == "function_call"]
+    calls = [m["tool_calls"][0] for m in input_messages([i for i in output
+                                                         if i["type"] in ("function_call", "custom_tool_call")])]
     msg: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         msg["tool_calls"] = calls
@@ -282,7 +295,10 @@ async def create(request: Request) -> Response:
     if not conversation:
         raise BadRequest("input is empty; send a string or at least one message item", "input")
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
-    tools, choice = _tools(body)
+    toolmap, choice = _tools(body)
+    tools = toolmap.tools or None
+    if toolmap.ignored:  # hosted tools: named in X-LLMD-Ignored, as unknown fields are
+        request.state.ignored = [*getattr(request.state, "ignored", []), *toolmap.ignored]
     fmt_json = _response_format(body)
     if tools and choice != "none" and fmt_json:
         raise BadRequest("send either tools or a JSON text.format: a reply cannot be held to both", "text.format")
@@ -294,7 +310,7 @@ async def create(request: Request) -> Response:
     rid = "resp_" + req.id
     created = int(time.time())
     parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req))
-    out = _Output()
+    out = _Output(toolmap)
 
     async def remember(resp: dict[str, Any]) -> None:
         if body.store and store is not None:
@@ -305,15 +321,15 @@ async def create(request: Request) -> Response:
         out.add(parser.feed(text, tuple(run.tool_calls)))
         out.add(parser.finish())
         out.finish()
-        resp = _response(rid, body, run.model, created, out.items, final, tools, choice)
+        resp = _response(rid, body, run.model, created, out.items, final, choice)
         await remember(resp)
         return JSONResponse(resp, headers=run.headers)
 
     async def events() -> AsyncIterator[bytes]:
-        yield _sse(out.event("response.created", response=_response(rid, body, run.model, created, [], None, tools,
+        yield _sse(out.event("response.created", response=_response(rid, body, run.model, created, [], None,
                                                                      choice)))
         yield _sse(out.event("response.in_progress", response=_response(rid, body, run.model, created, [], None,
-                                                                         tools, choice)))
+                                                                         choice)))
         try:
             async for ev in run:
                 if isinstance(ev, TokenEvent):
@@ -324,7 +340,7 @@ async def create(request: Request) -> Response:
             return
         for e in out.add(parser.finish()) + out.finish():
             yield _sse(e)
-        resp = _response(rid, body, run.model, created, out.items, run.final, tools, choice)
+        resp = _response(rid, body, run.model, created, out.items, run.final, choice)
         await remember(resp)
         # response.completed also for a reply cut at max_output_tokens (its status says incomplete):
         # the openai SDK's stream helpers wait for that event and fail on response.incomplete
