@@ -164,6 +164,7 @@ class EngineConfig:
     profile: bool = False
     precision: str = ""  # TensorRT: fp8 | int8 | int8-weight-only
     draft_path: str = ""  # a paired draft model (same vocabulary) for speculation; "" = none
+    speculation: str = "auto"  # the daemon's default (TensorRT-LLM fixes it at load; llama.cpp per request)
     repack: bool = True  # llama.cpp weight repacking (extra buffer types); off where it crashed
     exact: bool = False  # the exact batching policy (LLMD_EXACT); else the fast one
     prefill_budget: int = 128  # prompt tokens per step while other streams decode (fast policy)

@@ -160,6 +160,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for option, why in choice.rejected:
         print(f"  not {option}: {why}")
     print(f"draft model: {draft['name'] if draft else 'none'} ({draft_why})")
+    if choice.backend == "tensorrt":
+        from llmd.backends.tensorrt.engine import built_engine, pre_quantized, speculation_notes
+
+        folder = row.get("hf_path") or row["path"]
+        on_engine = built_engine(folder) or not pre_quantized(folder)  # else the PyTorch LLM takes speculation
+        for note in speculation_notes(settings.speculation, None, "a TensorRT engine") if on_engine else []:
+            print(f"  {note}")
     if repack is not None:
         print(f"weight repacking ({record.kind}): {'on' if repack.repack else 'off'} ({repack.reason})")
     for entry in record.here():
@@ -223,6 +230,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             console.print(f"{m['name']}: draft model {m.get('draft') or 'none'} ({m.get('draft_reason', '?')}); "
                           "accepted drafts: " + (_acceptance(spec) if spec else "? (the engine is busy)")
                           + "".join(f"; {k} {x:.2f}x plain decoding" for k, x in (spec.get("speedup") or {}).items()))
+        if isinstance(m.get("speculation"), dict):  # TensorRT-LLM: fixed when the model loaded
+            sp = m["speculation"]
+            console.print(f"{m['name']}: speculation {sp['mode']} (fixed at load; LLMD_SPECULATION={sp['asked']}; "
+                          "a request's own speculation does not change it on this engine)")
+        for note in m.get("notes") or []:
+            console.print(f"{m['name']}: {note}")
         th = st.get("threads")
         if th:
             console.print(f"{m['name']}: threads {th['reason']}")

@@ -173,11 +173,16 @@ class Scheduler:
         if choice.backend == "none":
             raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
         # refuse before anything is allocated; other loaded models count as used memory already
-        draft, draft_why = (await self._draft_for(row) if choice.backend == "llama.cpp"
+        draft, draft_why = (await self._draft_for(row) if choice.backend in ("llama.cpp", "tensorrt")
                             else (None, f"not used by {choice.backend}"))
+        if choice.backend == "tensorrt" and draft is not None and not draft.get("hf_path"):
+            draft_why = (f"{draft['name']} has no Hugging Face folder for TensorRT-LLM (`llmd models add FOLDER "
+                         f"--name {draft['name']}` attaches one)")
+            draft = None
         # file reads off the event loop
         info = await asyncio.to_thread(read_gguf, row["path"]) if row["format"] == "gguf" else None
-        draft_info = await asyncio.to_thread(read_gguf, draft["path"]) if draft else None
+        draft_info = (await asyncio.to_thread(read_gguf, draft["path"])
+                      if draft and choice.backend == "llama.cpp" else None)
         try:
             estimate = (await asyncio.to_thread(check_fit, name, info, s.ctx, s.slots, None, draft_info)
                         if info is not None else None)
@@ -197,7 +202,9 @@ class Scheduler:
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
                            prefix_min_tokens=s.prefix_min_tokens, profile=s.profile, exact=s.exact,
                            prefill_budget=s.prefill_budget, prefix_ram_bytes=s.prefix_ram_mb * 1024 * 1024,
-                           draft_path=draft["path"] if draft else "")
+                           speculation=s.speculation,
+                           draft_path=(draft["hf_path"] if choice.backend == "tensorrt" else draft["path"]) if draft
+                           else "")
         file_types = tuple(i.quantization for i in (info, draft_info) if i is not None)
         decision = (self.repack_record.decide(s.repack, file_types) if choice.backend == "llama.cpp"
                     else Decision(False, f"not used by {choice.backend}"))

@@ -44,9 +44,25 @@ def checkpoint(tmp_path: Path, quantized: bool) -> str:
     return str(d)
 
 
-def cfg(tmp_path: Path, model_path: str) -> EngineConfig:
-    return EngineConfig(model_path=model_path, model_name="stub", n_ctx=512, n_slots=2, chunk=64, precision="fp8",
-                        model_digest="d1", prefix_dir=str(tmp_path / "cache" / "prefix"))
+def cfg(tmp_path: Path, model_path: str, **kw: object) -> EngineConfig:
+    base: dict = {"model_path": model_path, "model_name": "stub", "n_ctx": 512, "n_slots": 2, "chunk": 64,
+                  "precision": "fp8", "model_digest": "d1", "prefix_dir": str(tmp_path / "cache" / "prefix")}
+    return EngineConfig(**{**base, **kw})
+
+
+def run(c: EngineConfig, *reqs: GenerationRequest) -> tuple[dict, list[list]]:
+    async def main() -> tuple[dict, list[list]]:
+        w = WorkerHandle("tensorrt", c, asyncio.get_running_loop())
+        try:
+            info = await w.wait_loaded()
+            return info, [await collect(w, r) for r in reqs]
+        finally:
+            await asyncio.to_thread(w.shutdown)
+
+    return asyncio.run(main())
+
+
+HI = [{"role": "user", "content": "Hi there"}]
 
 
 async def collect(worker: WorkerHandle, req: GenerationRequest) -> list:
@@ -87,7 +103,8 @@ def test_a_pre_quantized_checkpoint_streams_through_the_worker(tmp_path: Path, s
     greedy, sampled = (c["params"] for c in calls(stub_env, "generate_async"))
     assert greedy["max_tokens"] == 5 and greedy["top_k"] == 1
     assert sampled["top_p"] == 0.9 and sampled["seed"] == 3 and "guided_decoding" in sampled
-    assert calls(stub_env, "generate_async")[0]["prompt"] == "<user>Hi<assistant>"  # the model's own template
+    # the model's own template, which writes BOS: the ids TensorRT-LLM gets hold it once
+    assert calls(stub_env, "generate_async")[0]["prompt_token_ids"] == [1, 100]
     assert calls(stub_env, "shutdown")
 
 
@@ -126,3 +143,49 @@ def test_cancelling_aborts_the_request_inside_tensorrt_llm(tmp_path: Path, stub_
     [first] = asyncio.run(main())
     assert isinstance(first, TokenEvent)
     assert calls(stub_env, "abort")  # the request stopped in TensorRT-LLM, not only our task
+
+
+def test_max_tokens_unset_fills_the_room_tensorrt_llm_checks(tmp_path: Path, stub_env: Path):
+    """No max_tokens: the rest of max_seq_len after the prompt as TensorRT-LLM counts it (BOS once);
+    with BOS counted twice, or not at all, TensorRT-LLM refuses the request."""
+    info, [events] = run(cfg(tmp_path, checkpoint(tmp_path, True)),
+                         GenerationRequest("r", messages=HI, sampling=Sampling(temperature=0)))
+    assert isinstance(events[-1], FinalEvent), events[-1]
+    [gen] = calls(stub_env, "generate_async")
+    assert gen["prompt_token_ids"].count(1) == 1
+    assert gen["params"]["max_tokens"] == 512 - len(gen["prompt_token_ids"]) and info["max_seq_len"] == 512
+
+
+def test_a_built_engine_is_held_to_its_own_limits(tmp_path: Path, stub_env: Path):
+    """The BF16 checkpoint is built and saved; the next load takes the saved engine, whose own
+    max_seq_len and max_input_len (from its config.json) decide the room and refuse a prompt."""
+    model = checkpoint(tmp_path, False)
+    run(cfg(tmp_path, model))
+    info, (ok, long) = run(cfg(tmp_path, model, n_ctx=4096),  # the engine was built for 512
+                           GenerationRequest("a", messages=HI, sampling=Sampling(temperature=0)),
+                           GenerationRequest("b", messages=[{"role": "user", "content": "word " * 600}]))
+    assert info["max_seq_len"] == 512 and info["max_input_len"] == 511
+    assert isinstance(ok[-1], FinalEvent)
+    gen = calls(stub_env, "generate_async")[0]
+    assert gen["params"]["max_tokens"] == 512 - len(gen["prompt_token_ids"])
+    assert isinstance(long[-1], ErrorEvent) and "at most 511" in str(long[-1].error), long[-1]
+    assert [c["cls"] for c in calls(stub_env, "LLM")][-1] == "tensorrt_llm._tensorrt_engine.LLM"
+
+
+def test_speculation_is_configured_when_the_llm_is_made(tmp_path: Path, stub_env: Path):
+    draft = tmp_path / "draft-hf"
+    draft.mkdir()
+    model = checkpoint(tmp_path, True)
+    info, _ = run(cfg(tmp_path, model, speculation="ngram"))
+    assert calls(stub_env, "LLM")[-1]["kwargs"]["speculative_config"].startswith("NGramDecodingConfig")
+    assert info["speculation"] == {"mode": "ngram", "asked": "ngram", "per_request": False}
+    info, _ = run(cfg(tmp_path, model, speculation="auto", draft_path=str(draft)))
+    kwargs = calls(stub_env, "LLM")[-1]["kwargs"]
+    assert kwargs["speculative_config"].startswith("DraftTargetDecodingConfig") and str(draft) in kwargs[
+        "speculative_config"] and kwargs["disable_overlap_scheduler"] is True
+    assert info["speculation"]["mode"] == "draft"
+    # a TensorRT engine takes no n-gram or draft model: built without, and status says how to rebuild
+    bf16 = checkpoint(tmp_path, False)
+    info, _ = run(cfg(tmp_path, bf16, speculation="ngram"))
+    assert "speculative_config" not in calls(stub_env, "LLM")[-1]["kwargs"]
+    assert info["speculation"]["mode"] == "off" and "Lookahead" in info["notes"][0]

@@ -98,6 +98,42 @@ def calibration_dir(cache: str) -> str:
     return str(d)
 
 
+DRAFT_LEN = 4  # drafted tokens per step, for both drafters
+
+
+def speculative_config(mode: str, draft_dir: str | None) -> dict[str, Any] | None:
+    """The PyTorch LLM's speculative_config for llmd's speculation mode (fixed when the LLM is
+    made: TensorRT-LLM cannot change it per request). auto: the paired draft model when there is
+    one; n-gram lookup only when asked for (its drafts cost verification on every reply)."""
+    if mode in ("draft", "auto") and draft_dir:
+        return {"__class__": "DraftTargetDecodingConfig", "max_draft_len": DRAFT_LEN, "speculative_model": draft_dir}
+    if mode == "ngram":
+        return {"__class__": "NGramDecodingConfig", "max_draft_len": DRAFT_LEN, "max_matching_ngram_size": 3}
+    return None
+
+
+def speculation_notes(mode: str, draft_dir: str | None, what: str) -> list[str]:
+    """Why a TensorRT engine runs without the speculation asked for, and how to get it."""
+    if mode == "off" or (mode == "auto" and not draft_dir):
+        return []
+    asked = "the paired draft model" if mode in ("draft", "auto") and draft_dir else f"speculation {mode!r}"
+    return [f"{asked} does not apply to {what}: it was built without speculation, and a built engine takes "
+            "only Lookahead, Medusa or Eagle. Rebuild it with Lookahead (trtllm-build --speculative_decoding_mode "
+            "lookahead_decoding --max_draft_len 4), or serve a ModelOpt FP8 checkpoint on the PyTorch LLM, which "
+            "takes draft-model and n-gram speculation"]
+
+
+def engine_limits(engine_dir: str, cfg: EngineConfig) -> tuple[int, int]:
+    """(max_seq_len, max_input_len) a built engine enforces, from its config.json (LLM.save and
+    trtllm-build write build_config there); the context llmd gave the LLM otherwise."""
+    try:
+        build = json.loads((Path(engine_dir) / "config.json").read_text()).get("build_config") or {}
+    except (OSError, ValueError):
+        build = {}
+    seq = int(build.get("max_seq_len") or cfg.n_ctx)
+    return seq, int(build.get("max_input_len") or seq)
+
+
 def llm_kwargs(precision: str, model_dir: str, cfg: EngineConfig, engine_dir: str,
                speculation: str = "off", draft_dir: str | None = None, quantized: bool = False,
                calib_dir: str | None = None, built: bool = False) -> tuple[str, dict[str, Any], list[str]]:
@@ -110,9 +146,7 @@ def llm_kwargs(precision: str, model_dir: str, cfg: EngineConfig, engine_dir: st
     # guided decoding (JSON output) needs its backend named on the LLM, or JSON requests fail
     if built:
         # a built engine carries its own quantization and build limits: only runtime options go with it
-        if speculation == "draft" and draft_dir:
-            notes.append("the paired draft model does not apply to a prebuilt TensorRT engine "
-                         "(it takes only Lookahead, Medusa or Eagle configs)")
+        notes += speculation_notes(speculation, draft_dir, "a prebuilt TensorRT engine")
         return "built", {"model": engine_dir, "kv_cache_config": kv, "guided_decoding_backend": "xgrammar"}, notes
     max_num_tokens = min(8192, cfg.n_ctx * cfg.n_slots)
     common: dict[str, Any] = {"model": model_dir, "max_batch_size": cfg.n_slots, "max_seq_len": cfg.n_ctx,
@@ -120,21 +154,18 @@ def llm_kwargs(precision: str, model_dir: str, cfg: EngineConfig, engine_dir: st
                               "guided_decoding_backend": "xgrammar"}
     if precision == "fp8" and quantized:
         kv["dtype"] = "fp8"
-        if speculation == "draft" and draft_dir:
-            common["speculative_config"] = {"__class__": "DraftTargetDecodingConfig", "max_draft_len": 4,
-                                            "speculative_model": draft_dir}
-            common["disable_overlap_scheduler"] = True
-        elif speculation == "ngram":
-            common["speculative_config"] = {"__class__": "NGramDecodingConfig", "max_draft_len": 4,
-                                            "max_matching_ngram_size": 3}
-            common["disable_overlap_scheduler"] = True
+        spec = speculative_config(speculation, draft_dir)
+        if spec is not None:
+            common["speculative_config"] = spec
+            common["disable_overlap_scheduler"] = True  # the two-model and n-gram drafters need it off
+        elif speculation == "draft":
+            notes.append("speculation 'draft' asked for, but no draft model with a Hugging Face folder is paired "
+                         "(`llmd models add DRAFT_FOLDER --name DRAFT`, then `llmd models pair TARGET DRAFT`)")
         return "pytorch", common, notes
     algo = {"fp8": "FP8", "int8": "W8A8_SQ_PER_CHANNEL", "int8-weight-only": "W8A16"}.get(precision)
     if algo is None:
         raise EngineError(f"TensorRT precision {precision!r} is not one of fp8, int8, int8-weight-only")
-    if speculation == "draft" and draft_dir:
-        notes.append("the paired draft model does not apply: a checkpoint quantized at load is built into a "
-                     "TensorRT engine, which takes only Lookahead, Medusa or Eagle configs")
+    notes += speculation_notes(speculation, draft_dir, "the TensorRT engine this checkpoint is quantized into")
     common["quant_config"] = {"__class__": "QuantConfig", "quant_algo": algo,
                               "kv_cache_quant_algo": "FP8" if precision == "fp8" else "INT8"}
     if precision != "int8-weight-only":  # weight-only needs no activation statistics
@@ -238,6 +269,8 @@ class TensorRTEngine:
         self._thread.start()
         t0 = time.perf_counter()
         self.notes: list[str] = []
+        self.speculation = "off"
+        self.max_seq_len = self.max_input_len = cfg.n_ctx
         # the LLM must be created inside the running event loop
         self.llm = asyncio.run_coroutine_threadsafe(self._create(), self._loop).result()
         self.load_s = time.perf_counter() - t0
@@ -254,10 +287,12 @@ class TensorRTEngine:
         built = built_engine(engine_dir)
         calib = None if built or pre_quantized(self.cfg.model_path) else calibration_dir(str(Path(engine_dir).parent))
         kind, kwargs, self.notes = llm_kwargs(precision, self.cfg.model_path, self.cfg, engine_dir,
-                                              speculation="draft" if self.cfg.draft_path else "off",
-                                              draft_dir=self.cfg.draft_path or None,
+                                              speculation=self.cfg.speculation, draft_dir=self.cfg.draft_path or None,
                                               quantized=pre_quantized(self.cfg.model_path), calib_dir=calib,
                                               built=built)
+        spec = kwargs.get("speculative_config")
+        self.speculation = {"NGramDecodingConfig": "ngram", "DraftTargetDecodingConfig": "draft"}.get(
+            spec["__class__"], "off") if spec else "off"
         ns = {name: getattr(llmapi, name) for name in dir(llmapi) if not name.startswith("_")}
         if kind == "pytorch":
             from tensorrt_llm import LLM
@@ -269,12 +304,17 @@ class TensorRTEngine:
         llm = LLM(**materialize(kwargs, ns))
         if kind == "engine":  # built once; later loads take the saved engine
             await asyncio.to_thread(llm.save, engine_dir)
+        self.max_seq_len, self.max_input_len = (engine_limits(engine_dir, self.cfg) if kind != "pytorch"
+                                                else (self.cfg.n_ctx, self.cfg.n_ctx))
         return llm
 
     def info(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.cfg.model_name, "path": self.cfg.model_path,
                 "precision": self.cfg.precision, "n_ctx": self.cfg.n_ctx, "n_slots": self.cfg.n_slots,
                 "load_s": round(self.load_s, 3), "tensorrt_llm": getattr(self._trt, "__version__", "?"),
+                "max_seq_len": self.max_seq_len, "max_input_len": self.max_input_len,
+                # fixed when the LLM was made: a request's own `speculation` cannot change it here
+                "speculation": {"mode": self.speculation, "asked": self.cfg.speculation, "per_request": False},
                 "notes": self.notes, "pid": os.getpid()}
 
     @classmethod
@@ -284,6 +324,17 @@ class TensorRTEngine:
             require_tensorrt_llm()
         except EngineError:
             pass  # reported when a model is loaded
+
+    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
+        """The token ids TensorRT-LLM gets, so llmd counts exactly what it sees. A chat is rendered
+        with the checkpoint's template, which writes BOS itself: encoded without special tokens,
+        or the model would see BOS twice (as TensorRT-LLM's own server does it). A raw prompt gets
+        the tokenizer's BOS, as generate_async would add to a string."""
+        tok = self.llm.tokenizer
+        if req.raw or req.messages is None:
+            return list(tok.encode(req.prompt or "", add_special_tokens=True))
+        text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
+        return list(tok.encode(text, add_special_tokens=False))
 
     def submit(self, req: GenerationRequest) -> None:
         t = time.perf_counter()
@@ -307,17 +358,19 @@ class TensorRTEngine:
             refused = self._refuse(req)
             if refused is not None:
                 raise refused
-            prompt = req.prompt if req.raw or req.messages is None else self.llm.tokenizer.apply_chat_template(
-                req.messages, tokenize=False, add_generation_prompt=True)
-            n_prompt = len(self.llm.tokenizer.encode(prompt, add_special_tokens=False))
-            room = self.cfg.n_ctx - n_prompt
-            if room <= 0:
+            ids = self._prompt_ids(req)
+            limit = min(self.max_input_len, self.max_seq_len - 1)
+            if len(ids) > limit:
                 raise ContextOverflow(
-                    f"the prompt is {n_prompt} tokens but the context holds {self.cfg.n_ctx}: shorten the prompt "
-                    "or raise the context (LLMD_CTX)", "messages" if req.messages is not None else "prompt")
+                    f"the prompt is {len(ids)} tokens but this TensorRT engine takes at most {limit} "
+                    f"(max_seq_len {self.max_seq_len}, max_input_len {self.max_input_len}): shorten the prompt, or "
+                    "rebuild the engine for a longer context (LLMD_CTX)",
+                    "messages" if req.messages is not None else "prompt")
+            # max_tokens: at most the room TensorRT-LLM checks (prompt + max_tokens <= max_seq_len)
+            room = self.max_seq_len - len(ids)
             ns = {name: getattr(llmapi, name) for name in dir(llmapi) if not name.startswith("_")}
             params = SamplingParams(**materialize(sampling_kwargs(req, room), ns))
-            output = self.llm.generate_async(prompt, params, streaming=True)
+            output = self.llm.generate_async(ids, params, streaming=True)
             self._outputs[req.id] = output
             async for ev in stream_events(req.id, output, t_received):
                 self._events.put(ev)

@@ -1,4 +1,5 @@
-"""tensorrt_llm.llmapi's config classes, keyword-only and strict (as pydantic models with extra="forbid")."""
+"""tensorrt_llm.llmapi's config classes, keyword-only and strict (as pydantic models with extra="forbid"),
+their fields and validators as in tensorrt_llm/llmapi/llm_args.py (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -34,12 +35,36 @@ class CalibConfig(_Config):
     FIELDS = {"calib_dataset", "calib_batches", "calib_max_seq_length"}
 
 
+# DecodingBaseConfig's fields (llm_args.py)
+_DECODING = {"max_draft_len", "max_total_draft_tokens", "speculative_model", "speculative_model_dir",
+             "max_concurrency", "draft_len_schedule", "load_format", "acceptance_window",
+             "acceptance_length_threshold", "allow_advanced_sampling"}
+
+
 class DraftTargetDecodingConfig(_Config):
-    FIELDS = {"max_draft_len", "speculative_model"}
+    FIELDS = _DECODING
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not kwargs.get("max_draft_len"):
+            raise ValueError("max_draft_len must be > 0 for DraftTarget")
+        if not (kwargs.get("speculative_model") or kwargs.get("speculative_model_dir")):
+            raise ValueError("speculative_model must be specified for DraftTarget")
 
 
 class NGramDecodingConfig(_Config):
-    FIELDS = {"max_draft_len", "max_matching_ngram_size"}
+    FIELDS = _DECODING | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not kwargs.get("max_draft_len"):
+            raise ValueError("max_draft_len must be > 0 for NGram")
+        if kwargs.get("max_matching_ngram_size", 2) <= 0:
+            raise ValueError("max_matching_ngram_size must be positive")
+
+
+class LookaheadDecodingConfig(_Config):
+    FIELDS = _DECODING | {"max_window_size", "max_ngram_size", "max_verification_set_size"}
 
 
 class GuidedDecodingParams(_Config):
