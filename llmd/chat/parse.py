@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmd.chat.call_stream import hermes_progress
 from llmd.chat.formats import ChatFormat
 
 _MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "gemma": ("<start_function_call>", "<|tool_call>"),
@@ -32,11 +33,22 @@ class ToolCall:
         return json.loads(self.arguments)
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """A piece of a call being decoded: its name with the first piece, then argument text."""
+
+    index: int
+    id: str
+    name: str | None
+    arguments: str
+
+
 @dataclass
 class Delta:
     content: str = ""
     reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # whole calls, at the end
+    call_deltas: list[CallDelta] = field(default_factory=list)  # calls streamed as decoded (stream_calls)
 
 
 @dataclass
@@ -225,10 +237,16 @@ class ReplyParser:
     no call parsing). A "call" to a tool not offered is the model's text, not a call: an app
     cannot run it, and OpenAI never answers with one."""
 
-    def __init__(self, fmt: ChatFormat, tools: list[dict[str, Any]] | None, think: bool = True) -> None:
+    def __init__(self, fmt: ChatFormat, tools: list[dict[str, Any]] | None, think: bool = True,
+                 stream_calls: bool = False) -> None:
+        """`stream_calls`: hand out Hermes-format calls as they are decoded (call_deltas), for
+        routes that stream calls in pieces; the whole calls still come at the end, those already
+        streamed first and under the same ids (`n_streamed` of them)."""
         self.fmt = fmt
         self.tools = bool(tools)
         self.names = frozenset(t["function"]["name"] for t in tools or ())
+        self.stream_calls = stream_calls and self.tools and fmt.tools == "hermes"
+        self.sent: list[tuple[str, str, str]] = []  # streamed calls: (id, name, arguments sent)
         self.think = think and fmt.thinking
         self.buf = ""
         self.held = False  # a tool call may have started: keep everything until the end
@@ -288,7 +306,31 @@ class ReplyParser:
             out.content += self.buf[:len(self.buf) - keep]
             self.buf = self.buf[len(self.buf) - keep:]
             break
+        if self.held and self.stream_calls:
+            out.call_deltas = self._call_deltas(self.buf)
         self._record(out)
+        return out
+
+    @property
+    def n_streamed(self) -> int:
+        return len(self.sent)
+
+    def _call_deltas(self, text: str) -> list[CallDelta]:
+        """What is new in the calls of the held text since the last time."""
+        progress = hermes_progress(text)
+        out: list[CallDelta] = []
+        for i, p in enumerate(progress or ()):
+            if p.name not in self.names:  # not a call an app can run: parsed whole at the end
+                self.stream_calls = False
+                break
+            if i == len(self.sent):
+                self.sent.append(("call_" + uuid.uuid4().hex[:24], p.name, ""))
+                out.append(CallDelta(i, self.sent[i][0], p.name, p.arguments))
+            elif len(p.arguments) > len(self.sent[i][2]):
+                out.append(CallDelta(i, self.sent[i][0], None, p.arguments[len(self.sent[i][2]):]))
+            else:
+                continue
+            self.sent[i] = (self.sent[i][0], p.name, p.arguments)
         return out
 
     def _generic_stream(self) -> str:
@@ -310,6 +352,14 @@ class ReplyParser:
             calls, content = parse_calls(self.fmt, rest)
             if any(c.name not in self.names for c in calls):
                 calls, content = [], rest
+            if self.sent:
+                # the rest of what was streamed; the whole calls keep the ids and text sent
+                out.call_deltas = self._call_deltas(rest) if self.stream_calls else []
+                for i, (cid, name, args) in enumerate(self.sent[:len(calls)]):
+                    calls[i] = ToolCall(name, args if _same_json(args, calls[i].arguments) else calls[i].arguments,
+                                        cid)
+                if not calls:  # cut short inside a call: its pieces went out as the call, not as text
+                    content = ""
             out.tool_calls = calls
             out.content = content if self.generic_answer is None else ""
         else:
@@ -332,10 +382,17 @@ class ReplyParser:
         return self.reply
 
 
-def reply_parser(fmt: ChatFormat, tools: list[dict[str, Any]] | None) -> ReplyParser | None:
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except ValueError:
+        return False
+
+
+def reply_parser(fmt: ChatFormat, tools: list[dict[str, Any]] | None, stream_calls: bool = False) -> ReplyParser | None:
     """A parser when the reply may hold tool calls or reasoning; None when its text is the content
     as it is (no per-token work for a plain chat)."""
-    return ReplyParser(fmt, tools) if tools or fmt.thinking else None
+    return ReplyParser(fmt, tools, stream_calls=stream_calls) if tools or fmt.thinking else None
 
 
 def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:

@@ -343,3 +343,32 @@ def test_nomic_embeddings_on_every_route_and_client(q: Daemon):
     assert abs(_cos(o.data[0].embedding, vecs[0]) - 1) < 1e-4
     e = ollama.Client(host=q.url).embed(model=NOMIC, input=texts[1])
     assert abs(_cos(list(e.embeddings[0]), vecs[1]) - 1) < 1e-4
+
+
+# ---- tool calls streamed as they are decoded --------------------------------------------------
+
+
+def test_tool_calls_stream_as_they_are_decoded(q: Daemon):
+    """The call's name comes first, then its arguments in pieces (OpenAI chat and Responses), as
+    OpenAI and vLLM stream them: a client sees progress, never a silent stream until the end."""
+    with httpx.stream("POST", q.url + "/v1/chat/completions", headers=NO_STORE, timeout=600, json={
+            "model": QWEN, "messages": ASK, "tools": TOOLS, "temperature": 0, "stream": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    pieces = [tc for c in chunks if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls") or []]
+    assert pieces and pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"].startswith("call_")
+    assert len(pieces) >= 3, pieces  # the name, then the arguments in several pieces
+    assert all("name" not in p["function"] for p in pieces[1:]) and {p["index"] for p in pieces} == {0}
+    assert json.loads("".join(p["function"]["arguments"] for p in pieces))["city"].lower() == "paris"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    tools = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
+              "parameters": WEATHER}]
+    with httpx.stream("POST", q.url + "/v1/responses", headers=NO_STORE, timeout=600, json={
+            "model": QWEN, "input": ASK[0]["content"], "tools": tools, "temperature": 0, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    added = kinds.index("response.output_item.added")
+    deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert len(deltas) >= 2 and added < kinds.index("response.function_call_arguments.delta")
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert done["arguments"] == "".join(deltas) and done["name"] == "get_weather"
+    assert events[-1]["response"]["output"][0]["arguments"] == done["arguments"]

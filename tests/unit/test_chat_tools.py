@@ -181,3 +181,41 @@ def test_structured_calls_pass_through_the_parser_untouched():
     assert [(c.id, c.name, c.arguments) for c in end.tool_calls] == [("call_up_1", "add", '{"a": 1}')]
     whole = ReplyParser(STRUCTURED, tools=TOOLS).parse("<think>hm</think>Checking.", (("c1", "add", "{}"),))
     assert (whole.reasoning, whole.content, [c.id for c in whole.tool_calls]) == ("hm", "Checking.", ["c1"])
+
+
+def test_hermes_calls_stream_as_they_are_decoded():
+    text = ('Checking. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>')
+    p = ReplyParser(detect(HERMES), TOOLS, stream_calls=True)
+    content, pieces = "", []
+    for ch in text:
+        d = p.feed(ch)
+        content += d.content
+        pieces += d.call_deltas
+    end = p.finish()
+    pieces += end.call_deltas
+    assert content == "Checking. " and p.n_streamed == 2
+    assert [(c.index, c.name) for c in pieces if c.name] == [(0, "get_weather"), (1, "add")]
+    first = next(i for i, c in enumerate(pieces) if c.name == "get_weather")
+    second = next(i for i, c in enumerate(pieces) if c.name == "add")
+    assert first < second - 3  # the first call's arguments went out before the second call began
+    args = ["".join(c.arguments for c in pieces if c.index == i) for i in (0, 1)]
+    assert [json.loads(a) for a in args] == [{"city": "Oslo"}, {"a": 2}]
+    ids = {c.index: c.id for c in pieces if c.name}
+    assert [(c.id, c.arguments) for c in end.tool_calls] == [(ids[0], args[0]), (ids[1], args[1])]
+
+
+def test_a_bare_call_object_streams_too():
+    p = ReplyParser(detect(HERMES), TOOLS, stream_calls=True)
+    pieces = [c for ch in '{"name": "get_weather", "arguments": {"city": "Oslo"}}' for c in p.feed(ch).call_deltas]
+    end = p.finish()
+    assert pieces[0].name == "get_weather" and len(pieces) > 3
+    assert end.tool_calls[0].arguments == "".join(c.arguments for c in pieces + end.call_deltas)
+
+
+def test_a_call_that_strays_from_the_shape_is_parsed_whole():
+    p = ReplyParser(detect(HERMES), TOOLS, stream_calls=True)
+    d = p.feed('<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>')
+    assert d.call_deltas == [] and d.content == ""
+    end = p.finish()
+    assert [c.name for c in end.tool_calls] == ["get_weather"] and p.n_streamed == 0

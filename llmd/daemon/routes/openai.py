@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
-from llmd.chat.parse import ToolCall, reply_parser
+from llmd.chat.parse import CallDelta, ToolCall, reply_parser
 from llmd.chat.tools import check_choice, offered_tools
 from llmd.config import SpeculationMode
 from llmd.daemon.routes._common import Run, chat_format, normalize_tools, parse_body, start_run, text_of
@@ -232,9 +232,16 @@ def _finish_reason(reason: str, calls: bool = False) -> str:
     return "length" if reason == "length" else "tool_calls" if calls else "stop"
 
 
-def tool_calls_json(calls: list[ToolCall], streamed: bool = False) -> list[dict[str, Any]]:
+def tool_calls_json(calls: list[ToolCall], streamed: bool = False, first: int = 0) -> list[dict[str, Any]]:
     return [{**({"index": i} if streamed else {}), "id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls, first)]
+
+
+def call_delta_json(d: CallDelta) -> dict[str, Any]:
+    """One streamed piece of a call, as OpenAI sends it: id, type and name with the first."""
+    head = {"id": d.id, "type": "function"} if d.name is not None else {}
+    fn = {"name": d.name, "arguments": d.arguments} if d.name is not None else {"arguments": d.arguments}
+    return {"index": d.index, **head, "function": fn}
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -248,7 +255,8 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
     rid = ("chatcmpl-" if chat else "cmpl-") + run.req.id
     created = int(time.time())
     obj = "chat.completion" if chat else "text_completion"
-    parser = reply_parser(await chat_format(run.request, run.answered_by), offered_tools(run.req)) if chat and run.request is not None else None
+    parser = (reply_parser(await chat_format(run.request, run.answered_by), offered_tools(run.req),
+                           stream_calls=body.stream) if chat and run.request is not None else None)
     if not body.stream:
         text, final = await run.collect(run.request)
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(final.finish_reason), "logprobs": None}
@@ -306,6 +314,9 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
                         yield _sse(chunk({"reasoning_content": d.reasoning}, None))
                     if d.content or ev.logprobs:
                         yield _sse(chunk({"content": d.content}, None, ev.logprobs))
+                    if d.call_deltas:
+                        calls = True
+                        yield _sse(chunk({"tool_calls": [call_delta_json(c) for c in d.call_deltas]}, None))
         except LlmdError as e:  # after the first token the status is sent: report in the stream
             yield _sse(error_body("/v1", e))
             yield b"data: [DONE]\n\n"
@@ -317,9 +328,12 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
                 yield _sse(chunk({"reasoning_content": d.reasoning}, None))
             if d.content:
                 yield _sse(chunk({"content": d.content}, None))
-            if d.tool_calls:
-                calls = True
-                yield _sse(chunk({"tool_calls": tool_calls_json(d.tool_calls, streamed=True)}, None))
+            if d.call_deltas:
+                yield _sse(chunk({"tool_calls": [call_delta_json(c) for c in d.call_deltas]}, None))
+            rest = d.tool_calls[parser.n_streamed:]  # calls not streamed as they were decoded
+            if rest:
+                yield _sse(chunk({"tool_calls": tool_calls_json(rest, streamed=True, first=parser.n_streamed)}, None))
+            calls = calls or bool(d.tool_calls)
         yield _sse(chunk({} if chat else "", _finish_reason(run.final.finish_reason, calls)))
         if include_usage:
             yield _sse({"id": rid, "object": chunk_obj, "created": created, "model": run.model, "choices": [],

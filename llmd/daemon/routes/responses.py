@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmd.backends.base import FinalEvent, GenerationRequest, Sampling, TokenEvent
-from llmd.chat.parse import Delta, ReplyParser, ToolCall
+from llmd.chat.parse import CallDelta, Delta, ReplyParser, ToolCall
 from llmd.chat.tools import check_choice, offered_tools
 from llmd.daemon.routes._common import chat_format, parse_body, start_run
 from llmd.daemon.routes.responses_tools import ToolMap, map_tools
@@ -153,6 +153,7 @@ class _Output:
         self.open: dict[str, Any] | None = None
         self.seq = 0
         self.tools = tools
+        self.live: dict[int, dict[str, Any]] = {}  # function calls streamed as decoded, by call index
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self.seq += 1
@@ -210,10 +211,40 @@ class _Output:
             evs += self._text("reasoning", d.reasoning)
         if d.content:
             evs += self._text("message", d.content)
+        evs += self._pieces(d.call_deltas)
         if d.tool_calls:
             evs += self._close()
-            evs += self._calls(d.tool_calls)
+            for i, c in enumerate(d.tool_calls):
+                evs += self._done(self.live[i], c) if i in self.live else self._calls([c])
         return evs
+
+    def _pieces(self, deltas: list[CallDelta]) -> list[dict[str, Any]]:
+        """Function calls as they are decoded: the item, then its arguments in deltas. Custom tool
+        calls wait for the end (their input is a string inside the arguments' JSON)."""
+        evs = []
+        for d in deltas:
+            if d.name is not None:
+                item = self.tools.output_item(d.id, uuid.uuid4().hex, d.name, "")
+                if item["type"] != "function_call":
+                    continue
+                evs += self._close()
+                self.items.append({**item, "status": "in_progress"})
+                self.live[d.index] = self.items[-1]
+                evs.append(self.event("response.output_item.added", output_index=len(self.items) - 1,
+                                      item=dict(self.items[-1])))
+            live = self.live.get(d.index)
+            if live is not None and d.arguments:
+                live["arguments"] += d.arguments
+                evs.append(self.event("response.function_call_arguments.delta", item_id=live["id"],
+                                      output_index=self.items.index(live), delta=d.arguments))
+        return evs
+
+    def _done(self, item: dict[str, Any], c: ToolCall) -> list[dict[str, Any]]:
+        idx = self.items.index(item)
+        item.update(arguments=c.arguments, status="completed")
+        return [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                           name=item["name"], arguments=c.arguments),
+                self.event("response.output_item.done", output_index=idx, item=item)]
 
     def _calls(self, calls: list[ToolCall]) -> list[dict[str, Any]]:
         evs = []
@@ -309,7 +340,7 @@ async def create(request: Request) -> Response:
     run = await start_run(request, body.model, req, "openai")
     rid = "resp_" + req.id
     created = int(time.time())
-    parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req))
+    parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req), stream_calls=body.stream)
     out = _Output(toolmap)
 
     async def remember(resp: dict[str, Any]) -> None:
