@@ -372,3 +372,14 @@ def test_tool_calls_stream_as_they_are_decoded(q: Daemon):
     done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
     assert done["arguments"] == "".join(deltas) and done["name"] == "get_weather"
     assert events[-1]["response"]["output"][0]["arguments"] == done["arguments"]
+    anthropic_tools = [{"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER}]
+    with httpx.stream("POST", q.url + "/v1/messages", headers=NO_STORE, timeout=600, json={
+            "model": QWEN, "max_tokens": 200, "messages": ASK, "tools": anthropic_tools, "temperature": 0,
+            "stream": True}) as s:
+        data = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    start = next(e for e in data if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use")
+    parts = [e["delta"]["partial_json"] for e in data if e["type"] == "content_block_delta"
+             and e["delta"]["type"] == "input_json_delta"]
+    assert start["content_block"]["name"] == "get_weather" and len(parts) >= 2
+    assert json.loads("".join(parts))["city"].lower() == "paris"
+    assert next(e for e in data if e["type"] == "message_delta")["delta"]["stop_reason"] == "tool_use"

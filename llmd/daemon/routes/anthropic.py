@@ -162,6 +162,7 @@ class _Blocks:
     def __init__(self) -> None:
         self.blocks: list[dict[str, Any]] = []
         self.open: str | None = None
+        self.live: dict[int, int] = {}  # call index -> its tool_use block, streamed as decoded
 
     def close(self) -> list[bytes]:
         if self.open is None:
@@ -189,7 +190,22 @@ class _Blocks:
             evs += self._text("thinking", d.reasoning)
         if d.content:
             evs += self._text("text", d.content)
-        for c in d.tool_calls:
+        for piece in d.call_deltas:  # a tool_use block opened at its name, its input in partial JSON
+            if piece.name is not None:
+                evs += self.close()
+                self.blocks.append({"type": "tool_use", "id": "toolu_" + piece.id.removeprefix("call_"),
+                                    "name": piece.name, "input": {}})
+                self.live[piece.index] = len(self.blocks) - 1
+                self.open = "tool_use"
+                evs.append(_sse("content_block_start", {"index": len(self.blocks) - 1,
+                                                        "content_block": dict(self.blocks[-1])}))
+            if piece.arguments:
+                evs.append(_sse("content_block_delta", {"index": self.live[piece.index], "delta": {
+                    "type": "input_json_delta", "partial_json": piece.arguments}}))
+        for n, c in enumerate(d.tool_calls):
+            if n in self.live:
+                self.blocks[self.live[n]]["input"] = c.arguments_object
+                continue
             evs += self.close()
             block = {"type": "tool_use", "id": "toolu_" + c.id.removeprefix("call_"), "name": c.name,
                      "input": c.arguments_object}
@@ -215,7 +231,7 @@ async def messages(request: Request) -> Response:
         stop=tuple(body.stop_sequences or ()), response_format=fmt, **tools)
     run = await start_run(request, body.model, req, "anthropic")
     mid = "msg_" + req.id
-    parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req))
+    parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req), stream_calls=body.stream)
     blocks = _Blocks()
 
     def message(final_usage: Usage | None, stop: str | None) -> dict[str, Any]:
