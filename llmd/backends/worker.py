@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import queue as queue_mod
 import threading
 import time
 from collections.abc import Callable
@@ -148,6 +149,12 @@ class WorkerHandle:
         child.close()
         self._reader = threading.Thread(target=self._read, name=f"llmd-reader-{label}", daemon=True)
         self._reader.start()
+        # Pipe writes block while the worker is inside a step and its pipe buffer (64 KiB) is full: a
+        # few-MB prompt held every route for over a second when sent from the event loop. One writer
+        # thread per worker sends, in order, so nothing on the loop ever waits on the pipe.
+        self._outbox: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name=f"llmd-writer-{label}", daemon=True)
+        self._writer.start()
 
     def silent_for(self) -> float:
         """Seconds since the worker last sent anything, while it has requests open (else 0)."""
@@ -167,8 +174,7 @@ class WorkerHandle:
         """Give a standby worker the model to load."""
         assert self.cfg is None, "only a standby worker takes a model"
         self.cfg = cfg
-        with self._lock:
-            self._conn.send(cfg)
+        self._outbox.put(cfg)
 
     @property
     def label(self) -> str:
@@ -191,17 +197,14 @@ class WorkerHandle:
             if not self.alive:
                 raise EngineCrashed(f"the worker for {self.label} has exited; retry the request")
             self._queues[req.id] = queue
-            self._conn.send(req)
-            self._urgent.set()
+            self._outbox.put(req)
+            self._urgent.set()  # idle work in the worker yields now, before the request is even read
         return queue
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
             if self._queues.pop(request_id, None) is not None and self.alive:
-                try:
-                    self._conn.send(Cancel(request_id))
-                except OSError:
-                    pass
+                self._outbox.put(Cancel(request_id))
 
     def forget(self, request_id: str) -> None:
         with self._lock:
@@ -212,24 +215,30 @@ class WorkerHandle:
             return {}
         if self._stats is None or self._stats.done():
             self._stats = self.loop.create_future()
-            with self._lock:
-                self._conn.send(StatsRequest())
+            self._outbox.put(StatsRequest())
         try:
             return await asyncio.wait_for(asyncio.shield(self._stats), timeout)
         except asyncio.TimeoutError:
             return {}
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        with self._lock:
-            if self.alive:
-                try:
-                    self._conn.send(Shutdown())
-                except OSError:
-                    pass
+        if self.alive:
+            self._outbox.put(Shutdown())
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
             self.process.join(1.0)
+
+    def _write(self) -> None:
+        """The writer thread: everything for the worker goes down the pipe from here, in order."""
+        while True:
+            msg = self._outbox.get()
+            try:
+                self._conn.send(msg)
+            except (OSError, ValueError):  # the worker is gone: the reader thread reports its exit
+                return
+            if isinstance(msg, Shutdown):
+                return
 
     # ---- reader thread ------------------------------------------------------------------------
 

@@ -90,6 +90,47 @@ def test_a_huge_message_of_special_token_text_does_not_hold_the_others(d: Daemon
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
 
 
+def test_a_multi_megabyte_prompt_never_holds_the_event_loop(d: Daemon):
+    """The worker reads its pipe only between steps; a 6 MB request sent while it is inside a long
+    prefill step used to block the event loop until that step ended (every route frozen)."""
+    import threading
+    import time
+
+    gaps: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(timeout=30) as c:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                c.get(d.url + "/llmd/health")
+                gaps.append(time.perf_counter() - t0)
+                time.sleep(0.02)
+
+    import random
+
+    rnd = random.Random()  # a new prompt each run: no cached prefix shortens the prefill
+    words = "harbour storm lantern rope tide gull cliff beacon ship fog bell signal wave stone".split()
+    long_prompt = " ".join(rnd.choice(words) for _ in range(2500))  # several long prefill steps
+    with cf.ThreadPoolExecutor(3) as pool:
+        prefill = pool.submit(httpx.post, d.url + "/v1/chat/completions", timeout=300, headers={
+            "Cache-Control": "no-store"}, json={"messages": [{"role": "user", "content": long_prompt}],
+                                                "max_tokens": 1})
+        time.sleep(1.0)  # the prefill is under way
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.3)
+        huge = pool.submit(httpx.post, d.url + "/v1/chat/completions", timeout=300,
+                           json={"messages": [{"role": "user", "content": "x " * 3_000_000}], "max_tokens": 1})
+        r = huge.result()
+        time.sleep(0.3)
+        stop.set()
+        poller.join()
+        assert prefill.result().status_code == 200
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert gaps and max(gaps) < 0.5, f"/llmd/health took up to {max(gaps):.2f} s while the big request went down"
+
+
 @pytest.mark.parametrize("raw", ["1e400", "Infinity", "NaN", "-Infinity"])
 def test_non_finite_keep_alive_is_400(d: Daemon, raw: str):
     body = '{"model": "smollm2-135m", "prompt": "Hi", "stream": false, "options": {"num_predict": 2}, ' \
