@@ -73,7 +73,9 @@ def test_paired_draft_model_drafts_and_shows_in_status(d: Daemon):
     assert m["draft"] == "smollm2-135m"
     assert m["stats"]["speculation"]["draft"]["accepted"] >= details["accepted_prediction_tokens"]
     out = " ".join(llmd(d, "status").stdout.split())  # rich wraps at the terminal's width
-    assert "smol-f16: draft model smollm2-135m; accepted drafts: ngram none yet, draft 100% of" in out, out
+    assert ("smol-f16: draft model smollm2-135m (paired with `llmd models pair smol-f16 smollm2-135m`); accepted "
+            "drafts: ngram none yet, draft 100% of") in out, out
+    assert m["draft_reason"] == "paired with `llmd models pair smol-f16 smollm2-135m`"
     r = llmd(d, "models", "rm", "smollm2-135m")
     assert r.returncode == 1 and "draft model of smol-f16" in r.stderr  # never leaves a dangling pair
 
@@ -110,4 +112,7 @@ def test_unpair(d: Daemon):
     assert r.returncode == 0 and "has no draft model" in r.stdout
     assert chat(d, "smol-f16", speculation="draft").status_code == 400
     assert os.path.exists(json.loads(llmd(d, "models", "show", "smol-f16", "--json").stdout)["path"])
+    r = llmd(d, "models", "pair", "smol-f16", "--auto")  # back to automatic: none of these is half its size
+    assert r.returncode == 0 and "automatically" in r.stdout, r.stdout + r.stderr
+    assert llmd(d, "models", "pair", "smol-f16", "smollm2-135m", "--none").returncode == 2
 

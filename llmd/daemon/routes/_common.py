@@ -249,9 +249,8 @@ async def _replay(req: GenerationRequest, hit: Cached) -> AsyncIterator[Event]:
     if hit.tool_calls:
         yield TokenEvent(req.id, "", 0, tool_calls=hit.tool_calls)
     # the hit's own timings (it computed nothing), not those of the request that filled the cache
-    yield FinalEvent(req.id, hit.finish_reason, replace(hit.usage, cached_tokens=hit.usage.prompt_tokens, ttft_s=0.0,
-                                                        prefill_s=0.0, decode_s=0.0, queue_s=0.0, drafted_tokens=0,
-                                                        accepted_tokens=0))
+    yield FinalEvent(req.id, hit.finish_reason, replace(hit.usage, ttft_s=0.0, prefill_s=0.0, decode_s=0.0,
+                                                        queue_s=0.0))
 
 
 def engine_of(request: Request, name: str) -> str:
