@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -65,9 +66,15 @@ def stream(url: str, model: str, prompt: str, max_tokens: int, cap: float) -> tu
     return ttft, (len(arrivals) - 1) / span if span > 0 else float("nan")
 
 
+WORDS = ("harbour storm lantern rope tide gull cliff beacon ship fog bell signal wave stone stair window night "
+         "morning oil wick glass island coast current anchor sail cargo").split()
+
+
 def long_prompt(tag: int) -> str:
-    words = [f"item{(tag * 7919 + i * 104729) % 100003}" for i in range(330)]
-    return f"Request {tag}. Here is a list: " + " ".join(words) + "\nHow many items are in the list? One word."
+    """About 500 tokens, new each time (its first words differ), so no cached prefix helps."""
+    rnd = random.Random(tag)
+    return (f"Request {tag}: " + " ".join(rnd.choice(WORDS) for _ in range(480))
+            + "\nWhich word comes up most often? One word.")
 
 
 def measure(url: str, model: str, rounds: int, cap: float, tag: int) -> tuple[float, float]:

@@ -155,6 +155,7 @@ class Settings:
     repack: str = "auto"
     kl_warn: float = 0.05
     hang_s: float = 120.0
+    remote_read_s: float = 120.0
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -212,6 +213,8 @@ SETTINGS: tuple[Setting, ...] = (
             "crashed on this CPU before; see `llmd doctor`), on or off"),
     Setting("kl_warn", "`llmd eval` warns when the KL divergence from the base model is above this"),
     Setting("standby", "keep one worker process started ahead, so loads and switches skip its start"),
+    Setting("remote_read_s", "a remote model's upstream that sends nothing this many seconds in a reply is cut "
+            "off: the reply ends with an error naming it, and it is marked down"),
     Setting("hang_s", "a worker with requests open that sends nothing (not even its heartbeat) this many "
             "seconds is stopped and replaced; its requests get an error"),
 )

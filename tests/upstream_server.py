@@ -5,6 +5,7 @@ Healthy replies are a fixed text streamed word by word."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +19,11 @@ REPLY = "The lighthouse keeper lit the lamp at dusk."
 
 @dataclass
 class FakeUpstream:
-    mode: str = "ok"  # ok | malformed | error500 | truncated | tools (vLLM's shape) | badcall | cutcall
+    mode: str = "ok"  # ok | malformed | error500 | truncated | stall | tools (vLLM's shape) | badcall | cutcall
     words: int = 0  # a longer healthy reply: REPLY's words repeated to this many (0: REPLY once)
     seen_auth: list[str] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)  # ends a stalled reply
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/models", self.models),
@@ -53,6 +55,9 @@ class FakeUpstream:
             for i, w in enumerate(words):
                 if self.mode == "truncated" and i == 3:
                     return  # ends without finish_reason or [DONE]
+                if self.mode == "stall" and i == 3:
+                    self.release.wait(120)  # sends nothing more while the connection stays open
+                    return
                 delta = {"content": (w if i == 0 else " " + w)}
                 chunk = {"id": "x", "object": "chat.completion.chunk", "model": "fake-model",
                          "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}

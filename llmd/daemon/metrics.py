@@ -9,6 +9,7 @@ sampler task keeps a ring buffer of recent points for the dashboard's charts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -201,13 +202,23 @@ class _EngineCollector:
             yield mem
 
 
-def _gpu() -> list[tuple[float, int]]:
-    """(utilization %, memory used) per NVIDIA GPU, or [] when NVML or a driver is absent."""
+@functools.cache
+def _nvml() -> Any:
+    """pynvml, initialised once for the daemon's life (nvmlInit on every scrape cost a driver
+    round trip each time); None when NVML or a driver is absent."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
+        return pynvml
     except Exception:
+        return None
+
+
+def _gpu() -> list[tuple[float, int]]:
+    """(utilization %, memory used) per NVIDIA GPU, or [] when NVML or a driver is absent."""
+    pynvml = _nvml()
+    if pynvml is None:
         return []
     out = []
     for i in range(pynvml.nvmlDeviceGetCount()):

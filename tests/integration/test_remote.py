@@ -49,7 +49,8 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("front") / "home", env={"LLMD_TEST_UPSTREAM_KEY": KEY}).start()
+    d = Daemon(tmp_path_factory.mktemp("front") / "home", env={"LLMD_TEST_UPSTREAM_KEY": KEY,
+                                                                "LLMD_REMOTE_READ_S": "5"}).start()
     yield d
     d.stop()
 
@@ -203,6 +204,25 @@ def test_a_misbehaving_upstream_is_a_clear_error_and_nothing_is_cached(front: Da
         again = httpx.post(front.url + "/v1/chat/completions", json={"model": f"bad-{mode}", **CHAT}, timeout=60)
         assert again.headers.get("X-LLMD-Cache") != "hit" and again.status_code == status
         assert len(fake.requests) == 3  # each one reached the upstream: nothing was answered from a cache
+
+
+def test_an_upstream_that_stalls_mid_reply_ends_it_with_an_error_naming_it(front: Daemon):
+    """LLMD_REMOTE_READ_S (5 s here): an upstream that sends nothing more holds neither the request
+    nor its admission forever."""
+    import time
+
+    fake = FakeUpstream(mode="stall")
+    with ThreadServer(fake.app()) as server:
+        try:
+            assert add_remote(front, "stalls", server.url).returncode == 0
+            t0 = time.monotonic()
+            r = httpx.post(front.url + "/v1/chat/completions", json={"model": "stalls", **CHAT, "stream": True},
+                           timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            fake.release.set()
+    assert r.status_code == 200 and server.url in r.text and "sent nothing for 5 s" in r.text, r.text
+    assert 4 < took < 30
 
 
 def test_keys_come_from_the_environment_and_are_never_stored_or_logged(front: Daemon, tmp_path: Path):

@@ -182,7 +182,8 @@ class RemoteHandle:
     remote = True
     pid = None
 
-    def __init__(self, spec: RemoteSpec, cfg: EngineConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, spec: RemoteSpec, cfg: EngineConfig, loop: asyncio.AbstractEventLoop,
+                 read_s: float = 120.0) -> None:
         self.spec = spec
         self.fallback = spec.fallback  # the local model the scheduler turns to when every upstream is down
         self.cfg = cfg
@@ -191,8 +192,10 @@ class RemoteHandle:
         # aiohttp rather than httpx here: measured on a stand-in upstream, half the time to the first
         # line and less than half the CPU per request (the relay's whole cost is this client)
         # trust_env: HTTPS_PROXY / NO_PROXY apply, as they did with httpx
-        self.client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S),
-                                            trust_env=True)
+        # sock_read: an upstream that stalls mid-reply is cut off, not waited for forever
+        self.read_s = read_s
+        self.client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S,
+                                                                          sock_read=read_s), trust_env=True)
         self.alive = True
         self.started = time.time()
         self.info: dict[str, Any] = {"engine": "remote", "model": cfg.model_name, "kind": spec.kind,
@@ -399,8 +402,10 @@ class RemoteHandle:
                 raise
             r.release()  # read to its end: the connection goes back to the pool
         except aiohttp.ClientError as e:  # after it answered: the reply is cut, and the upstream suspect
-            up.mark_down(_why(e))
-            raise UpstreamError(f"the upstream {up.url} failed during the reply ({_why(e)}); "
+            why = (f"it sent nothing for {self.read_s:g} s (LLMD_REMOTE_READ_S)"
+                   if isinstance(e, aiohttp.ServerTimeoutError) else _why(e))
+            up.mark_down(why)
+            raise UpstreamError(f"the upstream {up.url} failed during the reply ({why}); "
                                 f"{n} tokens had arrived") from e
         finally:
             up.in_flight -= 1
