@@ -271,6 +271,21 @@ def test_javascript_ai_sdk_tool_auto(q: Daemon):
     assert results["openai_embedding_width"] == results["ai_sdk_embedding_width"] == 768
 
 
+def test_llm_cli_runs_a_tool_the_model_chose(q: Daemon, tmp_path: Path):
+    """`llm -T` (simonw/llm) against llmd as an OpenAI-compatible model: the model calls the tool
+    and llm runs it (--td prints each call and its result)."""
+    from importlib.metadata import version
+
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: llmd-qwen\n  model_name: {QWEN}\n  api_base: {q.url}/v1\n  supports_tools: true\n")
+    env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "unused"}
+    r = subprocess.run([sys.executable, "-m", "llm", "-m", "llmd-qwen", "-T", "llm_version", "--td", "--cl", "2",
+                        "-o", "temperature", "0", "Which version of llm is installed? Call the tool to find out."],
+                       env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert "llm_version" in out and version("llm") in out, out
+
+
 # ---- the draft pair --------------------------------------------------------------------------
 
 

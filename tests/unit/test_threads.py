@@ -74,3 +74,14 @@ def test_fixed_never_changes():
     g = ThreadGovernor(2, fixed=True)
     assert g.check() is None and g.info() == {**g.info(), "threads": 2, "auto": False}
     assert g.reason == "fixed at 2 (LLMD_THREADS)"
+
+
+def test_back_from_idle_starts_at_the_full_count(gov, monkeypatch: pytest.MonkeyPatch):
+    """A long window holds what ran before the request (a build that ended): not decided on."""
+    g, m, load = gov
+    load[0] = 1.5
+    assert g.check() == 2
+    m.wall += 5.0  # idle for five seconds, a burst meanwhile
+    m.busy += 5.0 * 2
+    assert g.check() == 4 and "back from idle" in g.reason
+    assert g.check() == 2  # busy still: the next window, the request's own, decides

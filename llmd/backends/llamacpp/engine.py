@@ -68,6 +68,7 @@ from llmd.chat.tools import prepare_tools
 from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
 
 log = logging.getLogger("llmd.engine")
+PREFILL_THREADS_MIN = 32  # a step with at least this many tokens runs on every thread (_threads_for)
 
 
 def _rss() -> int:
@@ -122,6 +123,7 @@ class LlamaCppEngine:
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._llama_decode = Decoder(self.ctx, cfg.repack)
         self.governor = ThreadGovernor(threads, fixed=bool(cfg.threads))
+        self._batch_threads = threads  # the context's n_threads_batch now (_threads_for)
 
         self.bos = L.llama_vocab_bos(self.vocab)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -305,6 +307,17 @@ class LlamaCppEngine:
                     self.embedder.ctx if self.embedder else None):
             if ctx is not None:
                 L.llama_set_n_threads(ctx, n, n)
+        self._batch_threads = n
+
+    def _threads_for(self, n_tokens: int) -> None:
+        """A step with a prefill chunk keeps every thread even on a busy machine: its long matrix
+        products meet at few barriers (measured with one or two cores busy elsewhere: as fast as
+        or faster than one thread), while decode rows meet at one per operation. llama.cpp runs any
+        batch of more than one token with n_threads_batch, so it is set per step."""
+        want = self.governor.most if n_tokens >= PREFILL_THREADS_MIN else self.governor.threads
+        if want != self._batch_threads:
+            self._L.llama_set_n_threads(self.ctx, self.governor.threads, want)
+            self._batch_threads = want
 
     def _release_cancelled(self, events: list[Event]) -> None:
         for slot in self.slots:
@@ -447,6 +460,7 @@ class LlamaCppEngine:
                 n += end - start
                 budget -= end - start
             self.batch.n_tokens = n
+        self._threads_for(n)
         with prof.span("prefill" if parts else "decode"):
             t0 = time.perf_counter()
             rc = self._llama_decode(self.batch)
@@ -660,6 +674,7 @@ class LlamaCppEngine:
         L = self._L
         scratch = self.slots[-1]
         scratch.forget(L, self.mem)
+        self._threads_for(1)  # verification batches are small: timed with the decode thread count
         L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
         try:
             self.spec.measure_cost(self._llama_decode, self.batch, self.mem, scratch.seq,

@@ -7,7 +7,9 @@ two threads ran 35x slower than with one. So while the engine works, every CHECK
 much CPU time the machine spent outside this process since the last check (psutil: the system's
 busy time minus llmd's own) and gives up one thread for every core that others keep
 busy. It takes a thread back only after two quiet checks in a row, so a short burst elsewhere
-does not flap the count. Reading two counters four times a second costs nothing measurable.
+does not flap the count. After an idle spell it starts again at the full count and measures the
+request's own moments, not what ran before it. Reading two counters four times a second costs
+nothing measurable.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ CHECK_S = 0.25  # how often the count is reconsidered while the engine works
 TAKEN = 0.4  # a core others keep busy at least this much (in cores) costs one thread
 QUIET_CHECKS = 2  # checks in a row that allow more threads before the count goes up
 LOG_EVERY_S = 10.0  # at most one log line about a change per this many seconds
+# Longer than this since the last check, the engine was idle: the window then mostly holds what
+# happened before the request (a build that has ended, another server's turn in a benchmark), so
+# the first check after idle starts a new window at the full count instead of deciding on the old.
+IDLE_S = 1.0
 
 
 @dataclass
@@ -65,6 +71,12 @@ class ThreadGovernor:
         cur = self._sample(now)
         self._last = cur
         wall = cur.wall - last.wall
+        if wall > IDLE_S:
+            self._quiet = 0
+            if self.threads == self.most:
+                return None
+            self.threads, self.reason = self.most, f"{self.most} of {self.most}: back from idle, measuring again"
+            return self.most
         self.others = max(0.0, (cur.busy - last.busy) - (cur.own - last.own)) / wall
         want = max(1, self.most - max(0, math.ceil(self.others - TAKEN)))
         if want > self.threads:
