@@ -83,7 +83,9 @@ def test_auto_threads_back_off_while_another_program_is_busy(auto: Daemon, tmp_p
         assert ok, seen
     r = subprocess.run([sys.executable, "-m", "llmd", "status"], env={**auto.env, "COLUMNS": "300"},
                        capture_output=True, text=True, timeout=60)
-    assert f"threads {most} of {most}" in r.stdout, r.stdout
+    # the count itself was checked above; the CLI's own start-up is CPU another program uses, so by the
+    # time it asks, the count may have dropped again
+    assert re.search(rf"smollm2-135m: threads [1-{most}] of {most}: ", r.stdout), r.stdout
     metrics = httpx.get(auto.url + "/metrics", timeout=30).text
     assert re.search(r'^llmd_threads\{backend="llama.cpp",model="smollm2-135m"\} [1-9]', metrics, re.M), metrics
     assert "llmd_other_programs_cores{" in metrics

@@ -130,7 +130,7 @@ def test_anthropic(daemon: Daemon):
     tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER}]
     # greedy: sampled at Anthropic's default temperature 1 the tiny model can run a city to the limit
     m = c.messages.create(model=MODEL, max_tokens=80, messages=[{"role": "user", "content": "Weather in Rome?"}],
-                          tools=tools, tool_choice={"type": "tool", "name": "get_weather"}, temperature=0)
+                          tools=tools, tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
     use = [b for b in m.content if b.type == "tool_use"][0]
     assert m.stop_reason == "tool_use" and use.name == "get_weather"
     jsonschema.validate(use.input, WEATHER)
