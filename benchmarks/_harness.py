@@ -79,6 +79,12 @@ def start_llmd_with(models: dict[str, str], env: dict[str, str] | None = None,
     return proc, url, home
 
 
+def cpu_name() -> str:
+    """The CPU's model name, for the benchmarks' headers."""
+    return next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")), "?")
+
+
 def wait_idle(url: str, timeout: float = 60.0) -> None:
     """Wait until llmd's engines have no idle work left (re-prefilling a reply, saving a prefix):
     it uses the CPU, and a peer measured meanwhile would be slowed by it."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, free_port, med, start_llmd, start_llmd_with, stop, wait_http, wait_idle  # noqa: E402
+from _harness import ROOT, cpu_name, free_port, med, start_llmd, start_llmd_with, stop, wait_http, wait_idle  # noqa: E402
 
 BUSY = "while True: pass"
 NO_STORE = {"Cache-Control": "no-store"}
@@ -142,8 +142,7 @@ def main() -> None:
                       f"TTFT {results[(sys_name, cond)][1]:7.2f} s", file=sys.stderr)
         finally:
             stop(proc)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"# busy machine: {name}, {cpu}, {cores} CPUs, slots {slots} x ctx {ctx}, medians of {args.rounds}; "
           f"replies cut after {args.cap:.0f} s")
     print(f"{'condition':<24} {'server tok/s':>12} {'llmd tok/s':>10} {'llmd/server':>11} {'of idle':>8} "

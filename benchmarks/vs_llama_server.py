@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, free_port, med, start_llmd, start_llmd_with, stop, wait_http, wait_idle  # noqa: E402
+from _harness import ROOT, cpu_name, free_port, med, start_llmd, start_llmd_with, stop, wait_http, wait_idle  # noqa: E402
 
 THREADS = "2"
 WORDS = ("lighthouse keeper harbour storm lantern rope tide gull cliff beacon ship fog bell signal wave "
@@ -281,8 +281,7 @@ def real_model(args: argparse.Namespace) -> None:
             stop(pr)
     restart = [restart_row(models) for _ in range(args.rounds)]
     m = next(m for m in status["loaded"] if m["name"] == name)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"# llmd vs llama-server: {name}, {cpu}, {os.cpu_count()} CPUs, -np 4 -c 16384 -t {THREADS} vs "
           f"LLMD_SLOTS=4 LLMD_CTX=4096 (threads auto), medians of {args.rounds} rounds, the systems taking turns")
     print(f"# llmd: draft {m.get('draft')} ({m.get('draft_reason')}); speculation measured live: "
@@ -334,8 +333,7 @@ def main() -> None:
             stop(pr)
     restart = [restart_row() for _ in range(args.rounds)]
     cold_s, warm_s = med([c for c, _ in restart]), med([w for _, w in restart])
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"# llmd vs llama-server: SmolLM2-135M Q4_1, {cpu}, {os.cpu_count()} CPUs, threads {THREADS}, "
           f"medians of {args.rounds} rounds, the systems taking turns")
     print(f"# peer: {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(peer_args))}")
