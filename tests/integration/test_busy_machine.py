@@ -16,6 +16,8 @@ import httpx
 import pytest
 from conftest import Daemon
 
+from llmd.backends.llamacpp.threads import TAKEN
+
 pytestmark = pytest.mark.integration
 BUSY = "while True: pass"
 
@@ -75,7 +77,9 @@ def test_auto_threads_back_off_while_another_program_is_busy(auto: Daemon, tmp_p
         try:
             ok, seen = wait_for(lambda t: t["threads"] < most, auto, 5)
             assert ok, seen
-            assert "other programs keep" in seen[-1]["reason"] and seen[-1]["others_cores"] >= 0.5, seen[-1]
+            # the busy loop shares the cores with llmd's own threads, so it may show as a little under one core:
+            # what counts is that it passed the governor's own threshold
+            assert "other programs keep" in seen[-1]["reason"] and seen[-1]["others_cores"] >= TAKEN, seen[-1]
         finally:
             busy.kill()
             busy.wait()
