@@ -127,7 +127,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 11435
     model: str = "smollm2-135m"
-    ctx: int = 4096
+    ctx: str = "auto"
     slots: int = 4
     threads: str = "auto"
     chunk: int = 64
@@ -180,7 +180,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host", "address to listen on; loopback only unless you mean it"),
     Setting("port", "TCP port of the HTTP API"),
     Setting("model", "model loaded at start and used when a request names none"),
-    Setting("ctx", "context length (tokens) each slot can hold"),
+    Setting("ctx", "context length (tokens) each slot can hold: auto (the model's trained context, less "
+            "when a quarter of the free memory cannot hold it for every slot) or a number"),
     Setting("slots", "concurrent sequences in one context (requests decoded together)"),
     Setting("threads", "CPU threads for llama.cpp: auto (up to the physical cores, fewer while other "
             "programs keep cores busy; README: A busy machine) or a fixed number"),
@@ -245,9 +246,10 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
         raise ValueError(f"LLMD_SPECULATION={settings.speculation!r}: use {', '.join(SPECULATION_MODES)}")
     draft_pairs(settings.draft)  # fail at start on a malformed pair list
     fixed_threads(settings.threads)
+    fixed_ctx(settings.ctx)
     if settings.repack not in ("auto", "on", "off"):
         raise ValueError(f"LLMD_REPACK={settings.repack!r}: use auto, on or off")
-    for name in ("port", "ctx", "slots", "chunk", "max_queue", "max_body", "max_loaded", "prefill_budget"):
+    for name in ("port", "slots", "chunk", "max_queue", "max_body", "max_loaded", "prefill_budget"):
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")
     return settings
@@ -261,6 +263,16 @@ def fixed_threads(value: str) -> int:
     if text.isdigit():
         return int(text)
     raise ValueError(f"LLMD_THREADS={value!r}: use auto or a number of threads (e.g. 2)")
+
+
+def fixed_ctx(value: str | int) -> int:
+    """LLMD_CTX as tokens per slot: 0 for auto (chosen from the model and the memory at load)."""
+    text = str(value).strip().lower()
+    if text in ("auto", "0", ""):
+        return 0
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"LLMD_CTX={value!r}: use auto or a number of tokens per slot (e.g. 8192)")
 
 
 SpeculationMode = Literal["auto", "off", "ngram", "draft"]

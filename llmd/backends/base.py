@@ -50,6 +50,9 @@ class GenerationRequest:
     tool_choice: str = "auto"  # "auto" | "none" | "required" | a tool's name
     parallel_tool_calls: bool = True
     top_logprobs: int | None = None  # None: no logprobs; n: each token's logprob and the n most likely
+    # Ollama's API: a chat that does not fit the context loses its oldest messages (system messages and
+    # the newest kept), as Ollama does, instead of a 400; the first event says how many were left out
+    drop_old_messages: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class TokenEvent:
     # calls that arrive structured rather than as text to parse (remote upstreams; the routes'
     # parser hands them out with the reply's end); local engines write calls as text
     tool_calls: tuple[StructuredCall, ...] = ()
+    dropped_messages: int = 0  # on a request's first event: old messages left out to fit (drop_old_messages)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class Usage:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     queue_s: float = 0.0  # received by the engine -> admitted into a slot
+    dropped_messages: int = 0  # old messages left out to fit the context (GenerationRequest.drop_old_messages)
 
     @property
     def decode_tps(self) -> float:

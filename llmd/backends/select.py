@@ -258,10 +258,10 @@ def probe() -> Probe:
     )
 
 
-def formats_of(row: dict[str, Any], n_ctx: int, n_slots: int) -> ModelFormats:
-    """A registry row's formats and the sizes the GPU split needs."""
+def formats_of(row: dict[str, Any], fixed_ctx: int, n_slots: int) -> ModelFormats:
+    """A registry row's formats and the sizes the GPU split needs (`fixed_ctx`: LLMD_CTX, 0 for auto)."""
     from llmd.models.gguf import read_gguf
-    from llmd.models.memory import estimate
+    from llmd.models.memory import choose_ctx, estimate
 
     fmt = row.get("format", "gguf")
     folder = row.get("hf_path")
@@ -270,7 +270,7 @@ def formats_of(row: dict[str, Any], n_ctx: int, n_slots: int) -> ModelFormats:
     if fmt != "gguf":
         return ModelFormats(gguf=False, hf_checkpoint=hf, trt_engine=engine)
     info = read_gguf(row["path"])
-    est = estimate(info, n_ctx, n_slots)
+    est = estimate(info, choose_ctx(info, n_slots, fixed_ctx).n_ctx, n_slots)
     return ModelFormats(gguf=True, hf_checkpoint=hf, trt_engine=engine,
                         n_layer=info.n_layer, weights_bytes=est.weights, kv_bytes=est.kv)
 

@@ -107,7 +107,7 @@ def _remote_health(registry: Any) -> dict[str, Any]:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Runs here, without the daemon: the same probe and choice the daemon makes."""
     from llmd.backends.select import choose, formats_of, probe
-    from llmd.config import SETTINGS
+    from llmd.config import SETTINGS, fixed_ctx
     from llmd.models.registry import Registry
 
     settings = settings_of(args)
@@ -117,7 +117,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     registry.sync_packaged()
     row = registry.get(settings.model)
     override = None if settings.backend == "auto" else settings.backend
-    choice = choose(p, formats_of(row, settings.ctx, settings.slots), override)
+    choice = choose(p, formats_of(row, fixed_ctx(settings.ctx), settings.slots), override)
     from llmd.backends.repack import RepackRecord
 
     record = RepackRecord(settings.paths.repack_record)
@@ -239,9 +239,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         th = st.get("threads")
         if th:
             console.print(f"{m['name']}: threads {th['reason']}")
+        if m.get("ctx_reason"):
+            console.print(f"{m['name']}: context {m['ctx_reason']}")
         rp = m.get("repack") or {}
         console.print(f"{m['name']}: {m.get('policy', '?')} batching policy; weight repacking "
                       f"{'on' if rp.get('repack') else 'off'} ({rp.get('reason', '?')})")
+    for name, n in (status.get("dropped_messages") or {}).items():
+        console.print(f"{name}: {n} old chat messages left out to fit the context (Ollama's API, as Ollama does)")
     for name, why in (status.get("unavailable") or {}).items():
         console.print(f"[red]{name} unavailable[/]: {why}")
     if args.verbose:
@@ -288,7 +292,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def register(cmd: AddCommand) -> None:
     s = cmd("serve", cmd_serve, "run the daemon in the foreground")
     s.add_argument("--model", help="model to load at start (LLMD_MODEL)")
-    s.add_argument("--ctx", type=int, help="context per slot, tokens (LLMD_CTX)")
+    s.add_argument("--ctx", help="context per slot, tokens, or auto (LLMD_CTX)")
     s.add_argument("--slots", type=int, help="concurrent sequences (LLMD_SLOTS)")
     s.add_argument("--backend", choices=["auto", "llama.cpp", "tensorrt"], help="engine (LLMD_BACKEND)")
     s = cmd("doctor", cmd_doctor, "probe this machine and show which backend llmd picks, and why")

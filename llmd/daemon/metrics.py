@@ -49,6 +49,9 @@ class Metrics:
         self.drafted_tokens = Counter("llmd_drafted_tokens", "Tokens proposed by speculation", LABELS, registry=r)
         self.accepted_tokens = Counter("llmd_accepted_tokens", "Drafted tokens the target accepted", LABELS,
                                        registry=r)
+        self.dropped_messages = Counter("llmd_dropped_messages", "Old chat messages left out to fit the context "
+                                        "(Ollama's API)", LABELS, registry=r)
+        self.dropped_by_model: dict[str, int] = {}  # the same count, for /llmd/status
         self.requests = Counter("llmd_requests", "Requests by outcome", (*LABELS, "outcome"), registry=r)
         self.response_cache = Counter("llmd_response_cache", "Response cache lookups", ("result",), registry=r)
         self.running = Gauge("llmd_requests_running", "Requests admitted and not finished", registry=r)
@@ -77,6 +80,9 @@ class Metrics:
             self.prompt_tokens.labels(*labels).inc(usage.prompt_tokens)
             self.cached_tokens.labels(*labels).inc(usage.cached_tokens)
             self.generated_tokens.labels(*labels).inc(usage.completion_tokens)
+            if usage.dropped_messages and cache != "hit":
+                self.dropped_messages.labels(*labels).inc(usage.dropped_messages)
+                self.dropped_by_model[labels[0]] = self.dropped_by_model.get(labels[0], 0) + usage.dropped_messages
             if cache != "hit":  # a replay from the response cache drafted nothing and waited for no slot
                 self.drafted_tokens.labels(*labels).inc(usage.drafted_tokens)
                 self.accepted_tokens.labels(*labels).inc(usage.accepted_tokens)

@@ -35,14 +35,24 @@ from llmd.backends.base import (
 from llmd.backends.repack import Decision, RepackRecord
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
-from llmd.config import Settings, draft_pairs, fixed_threads, parse_duration
+from llmd.config import Settings, draft_pairs, fixed_ctx, fixed_threads, parse_duration
 from llmd.errors import BadRequest, EngineCrashed, EngineError, ModelUnavailable, Overloaded, from_wire
 from llmd.models.drafts import AUTOMATIC, choose_draft, vocab_compatible
-from llmd.models.gguf import read_gguf
-from llmd.models.memory import DoesNotFit, check_fit
+from llmd.models.gguf import GGUFInfo, read_gguf
+from llmd.models.memory import (
+    AUTO_MIN_CTX,
+    MB,
+    ContextChoice,
+    DoesNotFit,
+    available_bytes,
+    check_fit,
+    choose_ctx,
+)
 from llmd.models.registry import Registry
 
 log = logging.getLogger("llmd.scheduler")
+
+GROW_STEP = 4096  # a context a request asks for (num_ctx) is rounded up to this, so creeping asks reload rarely
 
 CRASH_LIMIT = 3  # worker deaths of one model ...
 CRASH_WINDOW_S = 60.0  # ... within this many seconds stop it being started again
@@ -60,6 +70,7 @@ class ModelState:
     keep_alive: float | None = None  # seconds (None: forever); the daemon's until a request sets one
     last_used: float = 0.0  # monotonic
     retiring: bool = False  # stop it once `users` is 0
+    ctx_wanted: int = 0  # a context per slot a request asked for (Ollama's num_ctx) above the usual choice
 
 
 class Scheduler:
@@ -159,6 +170,37 @@ class Scheduler:
         worker = await asyncio.shield(task)
         return worker, time.perf_counter() - t0
 
+    def _grow_for(self, name: str, want: int) -> None:
+        """Ollama's num_ctx above the loaded context: load the model again with a larger context per
+        slot (rounded up to GROW_STEP, so a client whose num_ctx creeps up reloads rarely), as Ollama
+        does, when the extra KV cache fits in the memory available and no other request is using the
+        model; otherwise the request is served within the loaded context, and the log says why."""
+        m = self.state(name)
+        want = -(-want // GROW_STEP) * GROW_STEP
+        if want <= m.ctx_wanted and m.worker is None:
+            return
+        w = m.worker
+        if w is None:  # not loaded yet: the load takes it into account
+            m.ctx_wanted = max(m.ctx_wanted, want)
+            return
+        if getattr(w, "remote", False) or w.cfg is None or want <= w.cfg.n_ctx:
+            return
+        loaded = w.cfg.n_ctx
+        est = w.info.get("memory_estimate") or {}
+        per_ctx_token = est.get("kv", 0) / max(1, est.get("n_ctx", 0) or loaded)
+        extra = int((want - loaded) * per_ctx_token)
+        avail = available_bytes()
+        if m.users > 1 or extra > avail:
+            why = (f"{m.users - 1} other requests are using it" if m.users > 1 else
+                   f"{extra // MB} MiB more KV cache is needed and {avail // MB} MiB is available")
+            log.warning("a request asks %s for a context of %d tokens (num_ctx) but it is loaded with %d; "
+                        "serving it within %d: %s", name, want, loaded, loaded, why)
+            return
+        log.info("loading %s again with a context of %d tokens per slot (was %d): a request asked for it "
+                 "(num_ctx)", name, want, loaded)
+        m.ctx_wanted = want
+        self._stop(name)
+
     def _load_done(self, name: str) -> Callable[[asyncio.Task[WorkerHandle]], None]:
         def done(_task: asyncio.Task[WorkerHandle]) -> None:
             self._loads.pop(name, None)
@@ -183,8 +225,9 @@ class Scheduler:
         info = await asyncio.to_thread(read_gguf, row["path"]) if row["format"] == "gguf" else None
         draft_info = (await asyncio.to_thread(read_gguf, draft["path"])
                       if draft and choice.backend == "llama.cpp" else None)
+        ctx = self._context(name, info, draft_info)
         try:
-            estimate = (await asyncio.to_thread(check_fit, name, info, s.ctx, s.slots, None, draft_info)
+            estimate = (await asyncio.to_thread(check_fit, name, info, ctx.n_ctx, s.slots, None, draft_info)
                         if info is not None else None)
         except DoesNotFit:
             if not draft_why.startswith(AUTOMATIC) or info is None:
@@ -193,10 +236,11 @@ class Scheduler:
             assert draft is not None
             draft_why = f"{draft['name']} (paired automatically) was left out: it and {name} do not fit in memory together"
             draft, draft_info = None, None
-            estimate = await asyncio.to_thread(check_fit, name, info, s.ctx, s.slots, None, None)
+            ctx = self._context(name, info, None)
+            estimate = await asyncio.to_thread(check_fit, name, info, ctx.n_ctx, s.slots, None, None)
         gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
         model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
-        cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=s.ctx, n_slots=s.slots,
+        cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=ctx.n_ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=fixed_threads(s.threads), gpu_layers=gpu_layers, model_digest=row["digest"],
                            precision=choice.precision,
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
@@ -227,6 +271,7 @@ class Scheduler:
         worker.info["memory_estimate"] = estimate.as_dict() if estimate else {}
         worker.info["draft"] = draft["name"] if draft else None
         worker.info["draft_reason"] = draft_why
+        worker.info["ctx_reason"] = ctx.reason
         self._loaded(name, worker)
         log.info("loaded %s in worker pid %s (%.2fs)", name, worker.pid, worker.info.get("load_s", 0))
         self._retire_idle(keep=name)
@@ -234,12 +279,32 @@ class Scheduler:
         self.touch()
         return worker
 
+    def _context(self, name: str, info: GGUFInfo | None, draft: GGUFInfo | None) -> ContextChoice:
+        """The context per slot of a load: LLMD_CTX, or the automatic choice, or a larger one a
+        request asked for (num_ctx) when its KV cache fits in half the memory available."""
+        s = self.settings
+        fixed = fixed_ctx(s.ctx)
+        if info is None:  # TensorRT reads its engine's own limits; this is what it is built or asked for
+            return ContextChoice(fixed or AUTO_MIN_CTX, "set by LLMD_CTX" if fixed else "llmd's default for "
+                                 "a checkpoint or engine (set LLMD_CTX)")
+        ctx = choose_ctx(info, s.slots, fixed, None, draft)
+        wanted = self.state(name).ctx_wanted
+        if wanted > ctx.n_ctx:
+            per_ctx_token = s.slots * (info.kv_bytes_per_token() + (draft.kv_bytes_per_token() if draft else 0))
+            if wanted * per_ctx_token <= available_bytes() // 2:
+                beyond = (f"; beyond the {info.context_length} tokens the model was trained for"
+                          if info.context_length and wanted > info.context_length else "")
+                return ContextChoice(wanted, f"{wanted} tokens per slot: a request asked for {wanted} (num_ctx){beyond}")
+            log.warning("%s: a request asked for a context of %d tokens (num_ctx) but its KV cache would not fit "
+                        "in half the memory available; loading with %d", name, wanted, ctx.n_ctx)
+        return ctx
+
     async def _load_remote(self, name: str, row: dict[str, Any]) -> WorkerHandle:
         """A remote model: no process, a handle that relays to its upstreams (checked once here)."""
         from llmd.backends.remote.handle import RemoteHandle, RemoteSpec
 
         spec = RemoteSpec.from_json(row["remote"])
-        cfg = EngineConfig(model_path=spec.urls[0], model_name=name, n_ctx=self.settings.ctx, n_slots=0, chunk=0,
+        cfg = EngineConfig(model_path=spec.urls[0], model_name=name, n_ctx=fixed_ctx(self.settings.ctx), n_slots=0, chunk=0,
                            model_digest=row["digest"])
         handle = await RemoteHandle(spec, cfg, asyncio.get_running_loop(), self.settings.remote_read_s).start()
         self._loaded(name, handle)  # type: ignore[arg-type]  # the same shape as a WorkerHandle
@@ -306,7 +371,8 @@ class Scheduler:
                 self.probe = probe()
             row = row or self.registry.get(name)
             override = None if self.settings.backend == "auto" else self.settings.backend
-            self.choices[name] = choose(self.probe, formats_of(row, self.settings.ctx, self.settings.slots), override)
+            self.choices[name] = choose(self.probe, formats_of(row, fixed_ctx(self.settings.ctx), self.settings.slots),
+                                        override)
             log.info("backend for %s: %s %s (%s)", name, self.choices[name].backend, self.choices[name].precision,
                      self.choices[name].reason)
         return self.choices[name]
@@ -450,6 +516,8 @@ class Scheduler:
         self.state(name).users += 1
         users = [name]  # models this request holds loaded (a remote model's fallback too)
         try:
+            if isinstance(req, GenerationRequest) and req.ctx_limit:
+                self._grow_for(name, req.ctx_limit)
             worker, load_s = await self.worker_for(name)
             if timing is not None:
                 timing["load_s"] = load_s

@@ -108,7 +108,7 @@ def _cors_headers(origin: str, headers: dict[str, str]) -> list[tuple[bytes, byt
     """CORS for an allowed origin (the caller checked it): that origin only, never '*'."""
     asked = headers.get("access-control-request-headers", "authorization, content-type")
     return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
-            (b"access-control-expose-headers", b"X-LLMD-Cache, X-Request-Id, Retry-After"),
+            (b"access-control-expose-headers", b"X-LLMD-Cache, X-LLMD-Dropped-Messages, X-Request-Id, Retry-After"),
             (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
             (b"access-control-allow-headers", asked.encode("latin-1")), (b"access-control-max-age", b"600")]
 

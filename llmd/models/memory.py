@@ -49,6 +49,45 @@ def estimate(info: GGUFInfo, n_ctx: int, n_slots: int) -> Estimate:
     return Estimate(weights, kv, compute, n_ctx, n_slots)
 
 
+# An automatic context (LLMD_CTX=auto) gives the KV cache at most this share of the memory available
+# at load: the model's whole trained context where that fits (a 32k model serves an 8k front-end
+# prompt out of the box), less on a machine that has less, and never under AUTO_MIN_CTX tokens.
+KV_SHARE = 0.25
+AUTO_MIN_CTX = 4096
+AUTO_STEP = 1024
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    n_ctx: int  # tokens per slot
+    reason: str
+
+
+def choose_ctx(info: GGUFInfo, n_slots: int, fixed: int = 0, available: int | None = None,
+               draft: GGUFInfo | None = None) -> ContextChoice:
+    """The context each slot holds: `fixed` (LLMD_CTX) when set, else the model's trained context,
+    bounded by KV_SHARE of the available memory (every slot's KV cache is allocated at load)."""
+    train = info.context_length
+    if fixed:
+        note = f" (the model was trained for {train})" if train and fixed > train else ""
+        return ContextChoice(fixed, f"{fixed} tokens per slot: set by LLMD_CTX{note}")
+    if not train:
+        return ContextChoice(AUTO_MIN_CTX, f"{AUTO_MIN_CTX} tokens per slot: the GGUF does not say its trained "
+                                           "context (set LLMD_CTX for more)")
+    per_ctx_token = n_slots * (info.kv_bytes_per_token() + (draft.kv_bytes_per_token() if draft else 0))
+    avail = available_bytes() if available is None else available
+    budget = int(avail * KV_SHARE)
+    fits = budget // per_ctx_token // AUTO_STEP * AUTO_STEP if per_ctx_token else train
+    kv_train = train * per_ctx_token
+    if fits >= train:
+        return ContextChoice(train, f"{train} tokens per slot: the model's trained context "
+                                    f"({n_slots} slots, KV cache {kv_train // MB} MiB)")
+    n_ctx = min(train, max(AUTO_MIN_CTX, fits))
+    return ContextChoice(n_ctx, f"{n_ctx} tokens per slot: the model was trained for {train}, but {n_slots} slots "
+                                f"of that would need {kv_train // MB} MiB of KV cache and a quarter of the "
+                                f"{avail // MB} MiB available is {budget // MB} MiB (set LLMD_CTX to choose)")
+
+
 def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 

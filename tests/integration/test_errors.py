@@ -58,16 +58,17 @@ def test_unknown_model_is_404_in_both_shapes(http: httpx.Client):
 
 
 def test_prompt_longer_than_context_gives_both_numbers(http: httpx.Client):
-    long = "word " * 5000  # the daemon's context is 4096 tokens per slot
+    n_ctx = http.get("/llmd/status").json()["loaded"][0]["n_ctx"]  # automatic: SmolLM2's trained 8192
+    long = "word " * (n_ctx + 1000)
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": long}]})
     err = assert_openai_error(r, 400, "messages")
-    assert err["code"] == "context_length_exceeded" and "4096" in err["message"]
+    assert err["code"] == "context_length_exceeded" and str(n_ctx) in err["message"]
     n = int(err["message"].split("prompt is ")[1].split()[0])
-    assert n > 4096
+    assert n > n_ctx
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": long}], "stream": True})
     assert r.status_code == 400  # streaming requests fail before any event is sent
     r = http.post("/api/generate", json={"model": "smollm2-135m", "prompt": long})
-    assert r.status_code == 400 and "4096" in r.json()["error"]
+    assert r.status_code == 400 and str(n_ctx) in r.json()["error"]
     still_works(http)
 
 

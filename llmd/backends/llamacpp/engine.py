@@ -384,24 +384,67 @@ class LlamaCppEngine:
                 return target, hit.n
         return (slot, reuse) if slot is not target else (target, 0)
 
+    def _chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        pieces = self.template.render_pieces(messages, tools)
+        text = "".join(p for p, _ in pieces)
+        add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        prompt: list[int] = []
+        for i, (piece, is_content) in enumerate(pieces):
+            # message contents are text: no special-token parsing (no forged turns, and linear time)
+            prompt += self.tokenize(piece, add_special and i == 0, parse_special=not is_content)
+        return prompt
+
+    def _fit_by_dropping(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n_ctx: int,
+                         max_tokens: int | None, full: int) -> tuple[int, list[int]]:
+        """As Ollama does for a chat longer than its context: leave out the oldest whole messages,
+        keeping every system message and the newest message, until the prompt (`full` tokens whole)
+        fits with room to answer (max_tokens, at most a quarter of the context; an eighth when unset;
+        less room when that is all there is). The fewest messages are dropped (a binary search).
+        ContextOverflow when even the system messages and the newest one do not fit."""
+        room = min(max_tokens or n_ctx // 8, n_ctx // 4)
+        old = [i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"]
+
+        def without(k: int) -> list[dict[str, Any]]:
+            gone = set(old[:k])
+            # a tool result whose call was left out would answer nothing: it goes with its call
+            for i in old[k:]:
+                if messages[i].get("role") != "tool":
+                    break
+                gone.add(i)
+            return [m for i, m in enumerate(messages) if i not in gone]
+
+        most = self._chat_prompt(without(len(old)), tools) if old else []
+        if not old or len(most) >= n_ctx:
+            raise ContextOverflow(
+                f"the prompt is {full} tokens but the context holds {n_ctx}, and with all {len(old)} older "
+                f"messages left out it is still {len(most) or full}: shorten the system or the newest message, "
+                "or raise the context (options.num_ctx, LLMD_CTX)", "messages")
+        k_best, best = len(old), most
+        lo, hi = 1, len(old)
+        while lo < hi and len(most) + room <= n_ctx:  # the fewest dropped that fits: fitting grows with k
+            mid = (lo + hi) // 2
+            prompt = self._chat_prompt(without(mid), tools)
+            if len(prompt) + room <= n_ctx:
+                hi, best, k_best = mid, prompt, mid
+            else:
+                lo = mid + 1
+        return len(messages) - len(without(k_best)), best
+
     def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
         grammar, trigger = grammar_for(req.response_format), ""
+        n_ctx = min(self.cfg.n_ctx, req.ctx_limit or self.cfg.n_ctx)
+        dropped = 0
         if req.messages is not None and not req.raw:
             messages, tools, constraint = prepare_tools(self.chat_format, req)
             if constraint is not None:
                 grammar, trigger = grammar_for_tools(constraint), constraint.trigger
-            pieces = self.template.render_pieces(messages, tools)
-            text = "".join(p for p, _ in pieces)
-            add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
-            prompt = []
-            for i, (piece, is_content) in enumerate(pieces):
-                # message contents are text: no special-token parsing (no forged turns, and linear time)
-                prompt += self.tokenize(piece, add_special and i == 0, parse_special=not is_content)
+            prompt = self._chat_prompt(messages, tools)
+            if len(prompt) >= n_ctx and req.drop_old_messages:
+                dropped, prompt = self._fit_by_dropping(messages, tools, n_ctx, req.max_tokens, len(prompt))
         else:
             prompt = self.tokenize(req.prompt or "", self.add_bos)
         if not prompt:
             raise BadRequest("the prompt is empty; send at least one token of text", "prompt")
-        n_ctx = min(self.cfg.n_ctx, req.ctx_limit or self.cfg.n_ctx)
         if len(prompt) >= n_ctx:
             raise ContextOverflow(
                 f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}: "
@@ -414,7 +457,8 @@ class LlamaCppEngine:
         max_tokens = min(req.max_tokens, room) if req.max_tokens is not None else room
         drafters = self.spec.drafters_for(req.speculation)
         sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar, trigger)
-        active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received, n_ctx=n_ctx)
+        active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received, n_ctx=n_ctx,
+                        dropped=dropped)
         active.drafters = drafters
         active.auto = req.speculation in ("auto", "")
         return active
@@ -544,7 +588,7 @@ class LlamaCppEngine:
             # with tools, marker tokens (<tool_call>, [TOOL_CALLS]...) are text the reply parser reads
             text, stopped = a.text.push(self._piece(token, special=bool(a.req.tools)))
         if text:
-            events.append(TokenEvent(a.req.id, text, 1, tuple(a.logprobs)))
+            events.append(TokenEvent(a.req.id, text, 1, tuple(a.logprobs), dropped_messages=a.first_news()))
             a.logprobs.clear()
         if stopped:
             self._finish(slot, "stop", events, flush=False)
@@ -561,7 +605,7 @@ class LlamaCppEngine:
         if flush:
             rest = a.text.flush()
             if rest or a.logprobs:
-                events.append(TokenEvent(a.req.id, rest, 0, tuple(a.logprobs)))
+                events.append(TokenEvent(a.req.id, rest, 0, tuple(a.logprobs), dropped_messages=a.first_news()))
         t_end = a.t_last or time.perf_counter()
         usage = Usage(
             prompt_tokens=len(a.prompt),
@@ -573,6 +617,7 @@ class LlamaCppEngine:
             queue_s=(a.t_admitted - a.t_received) if a.t_admitted else 0.0,
             drafted_tokens=a.drafted,
             accepted_tokens=a.accepted,
+            dropped_messages=a.dropped,
         )
         events.append(FinalEvent(a.req.id, reason, usage))
         a.sampler.close()

@@ -48,6 +48,13 @@ class Active:
     drafted: int = 0
     accepted: int = 0
     logprobs: list[Any] = field(default_factory=list)  # sampled since the last event, when asked for
+    dropped: int = 0  # old messages left out to fit (req.drop_old_messages)
+    told: bool = False  # an event has gone out (the first one carries `dropped`)
+
+    def first_news(self) -> int:
+        """`dropped` on the request's first event, 0 after."""
+        told, self.told = self.told, True
+        return 0 if told else self.dropped
 
     @property
     def prefilling(self) -> bool:

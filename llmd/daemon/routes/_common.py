@@ -192,7 +192,8 @@ class Run:
                     "cache": self.cache, "ttft_s": ttft, "duration_s": end - self.t_start,
                     "finish_reason": self.final.finish_reason if self.final else None,
                     "prompt_tokens": u.prompt_tokens if u else None, "cached_tokens": u.cached_tokens if u else None,
-                    "completion_tokens": u.completion_tokens if u else None})
+                    "completion_tokens": u.completion_tokens if u else None,
+                    "dropped_messages": u.dropped_messages if u else None})
                 self.metrics.observe(self.model, self.api, outcome, ttft, self.gaps, end - self.t_start,
                                      self.final.usage if self.final else None, self.cache, self.backend)
 
@@ -206,10 +207,20 @@ class Run:
         return self.model
 
     @property
+    def dropped(self) -> int:
+        """Old messages the engine left out to fit the context; its first event says (drop_old_messages)."""
+        first = self.first
+        if isinstance(first, TokenEvent):
+            return first.dropped_messages
+        return first.usage.dropped_messages if isinstance(first, FinalEvent) else 0
+
+    @property
     def headers(self) -> dict[str, str]:
         out = {"X-LLMD-Cache": self.cache}
         if self.timing.get("fallback") and self.request is not None:
             out["X-LLMD-Fallback"] = f"{self.answered_by} (every upstream of {self.model} is down)"
+        if self.dropped:
+            out["X-LLMD-Dropped-Messages"] = str(self.dropped)
         ignored = getattr(self.request.state, "ignored", None) if self.request is not None else None
         if ignored:
             out["X-LLMD-Ignored"] = ", ".join(ignored)
@@ -276,6 +287,10 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
         raise
     run.api = api
     run.metrics = request.app.state.metrics
+    if run.dropped:  # never silent: a header, this line, and a counter in status and metrics
+        _log.warning("request %s: left out the %d oldest messages of %d so the chat fits %s's context "
+                     "(as Ollama does; X-LLMD-Dropped-Messages)", req.id, run.dropped, len(req.messages or ()),
+                     run.model)
     run.backend = engine_of(request, run.model).split(":")[0]
     return run
 

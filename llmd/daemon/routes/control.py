@@ -16,12 +16,12 @@ from starlette.routing import Route
 
 from llmd import __version__
 from llmd.backends.llamacpp.prefix_store import PrefixStore
-from llmd.config import SpeculationMode
+from llmd.config import SpeculationMode, fixed_ctx
 from llmd.daemon.routes._common import parse_body
 from llmd.daemon.security import check_token
 from llmd.errors import BadRequest
 from llmd.models.gguf import read_gguf
-from llmd.models.memory import available_bytes, estimate
+from llmd.models.memory import available_bytes, choose_ctx, estimate
 from llmd.models.registry import NO_DRAFT, check_pair
 
 
@@ -90,6 +90,7 @@ async def status(request: Request) -> Response:
                     "rejected": [{"option": o, "why": w} for o, w in choice.rejected]},
         "machine": scheduler.probe.as_dict() if scheduler.probe else None,
         "memory_available": available_bytes(),
+        "dropped_messages": dict(app.state.metrics.dropped_by_model),  # by model, to fit (Ollama's API)
         **await app.state.scheduler.status(),
     }
     return JSONResponse(body)
@@ -102,7 +103,9 @@ def _describe(request: Request, row: dict[str, Any]) -> dict[str, Any]:
            "loaded": row["name"] in scheduler.workers, "active": row["name"] == scheduler.active_model}
     if row["format"] == "gguf":
         info = read_gguf(row["path"])
-        out.update(gguf=info.summary(), memory_estimate=estimate(info, s.ctx, s.slots).as_dict())
+        ctx = choose_ctx(info, s.slots, fixed_ctx(s.ctx))
+        out.update(gguf=info.summary(), memory_estimate=estimate(info, ctx.n_ctx, s.slots).as_dict(),
+                   ctx_reason=ctx.reason)
     return out
 
 

@@ -262,7 +262,8 @@ async def chat(request: Request) -> Response:
     fmt = await chat_format(request, body.model)
     if body.think and not fmt.thinking:
         _note_no_thinking(body.model)
-    req = _generation(body, messages=_messages(body), tools=normalize_tools(body.tools))
+    # a chat longer than the context loses its oldest messages, as Ollama's does (said in a header)
+    req = _generation(body, messages=_messages(body), tools=normalize_tools(body.tools), drop_old_messages=True)
     run = await start_run(request, body.model, req, "ollama")
     return await _respond(run, body.stream, chat=True)
 

@@ -1,0 +1,95 @@
+"""The context a model is loaded with, and a chat that does not fit it.
+
+The default context is the model's trained one (SmolLM2: 8192 per slot) when memory holds it; on
+Ollama's API a chat longer than the context loses its oldest messages as Ollama's does (said in a
+header, the status and the metrics), while the OpenAI API keeps its 400; Ollama's num_ctx above the
+loaded context loads the model again with a larger one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import Daemon
+
+pytestmark = pytest.mark.integration
+
+TURN = ("Here is a long note about gardens, rivers, mountains, trains and the weather in spring. " * 6).strip()
+
+
+def chat(n_turns: int) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": "You are terse."}]
+    for i in range(n_turns):
+        msgs += [{"role": "user", "content": f"Note {i}: {TURN}"}, {"role": "assistant", "content": "Noted."}]
+    return msgs + [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("ctx") / "home", env={"LLMD_CTX": "1024", "LLMD_SLOTS": "1"}).start()
+    yield d
+    d.stop()
+
+
+def test_the_default_context_is_the_trained_one(http: httpx.Client):
+    m = http.get("/llmd/status").json()["loaded"][0]
+    assert m["n_ctx"] == 8192 and "trained context" in m["ctx_reason"], m
+    assert http.get("/api/ps").json()["models"][0]["context_length"] == 8192
+
+
+def test_ollama_chat_drops_the_oldest_messages_and_says_so(small: Daemon):
+    msgs = chat(12)  # about 1,700 tokens in a 1,024-token context
+    with small.client() as http:
+        r = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 8})
+        assert r.status_code == 400 and "1024" in r.json()["error"]["message"]  # OpenAI's API: refused
+
+        r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": msgs, "stream": False,
+                                         "options": {"num_predict": 8, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        dropped = int(r.headers["X-LLMD-Dropped-Messages"])
+        body = r.json()
+        assert 2 <= dropped < len(msgs) - 2 and body["message"]["content"], (dropped, body)
+        # the fewest whole messages: the prompt fits with room to answer, and one message more would
+        # have fitted only if it were shorter than a turn
+        assert 1024 - 128 - 2 * 90 < body["prompt_eval_count"] <= 1024 - 8, body
+
+        lines = []
+        with http.stream("POST", "/api/chat", json={"model": "smollm2-135m", "messages": msgs,
+                                                    "options": {"num_predict": 4, "temperature": 0}}) as s:
+            assert s.status_code == 200 and s.headers["X-LLMD-Dropped-Messages"] == str(dropped)
+            lines = [json.loads(x) for x in s.iter_lines() if x]
+        assert lines[-1]["done"]
+
+        status = http.get("/llmd/status").json()
+        assert status["dropped_messages"]["smollm2-135m"] == 2 * dropped
+        metrics = http.get("/metrics").text
+        assert f'llmd_dropped_messages_total{{api="ollama",backend="llama.cpp",model="smollm2-135m"}} {2 * dropped}.0' \
+            in metrics, [x for x in metrics.splitlines() if "dropped" in x]
+        # the system message and the newest one alone do not fit: a 400 with the numbers, as before
+        r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": TURN * 20}]})
+        assert r.status_code == 400 and "left out" in r.json()["error"], r.text
+
+
+def test_num_ctx_above_the_loaded_context_loads_a_larger_one(small: Daemon):
+    long = [{"role": "user", "content": f"{TURN} {TURN} {TURN} {TURN} {TURN} {TURN} Say yes."}]  # ~800 tokens
+    with small.client() as http:
+        r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": long * 2, "stream": False,
+                                         "options": {"num_ctx": 3000, "num_predict": 4}})
+        assert r.status_code == 200 and "X-LLMD-Dropped-Messages" not in r.headers, r.text
+        assert r.json()["prompt_eval_count"] > 1024  # more than the context it was loaded with
+        ps = http.get("/api/ps").json()["models"][0]
+        assert ps["context_length"] == 4096, ps  # rounded up, so a num_ctx that creeps up reloads rarely
+        m = http.get("/llmd/status").json()["loaded"][0]
+        assert "num_ctx" in m["ctx_reason"], m
+        pid = m["pid"]
+        r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": long, "stream": False,
+                                         "options": {"num_ctx": 3500, "num_predict": 4}})
+        assert r.status_code == 200 and http.get("/llmd/status").json()["loaded"][0]["pid"] == pid  # no reload
+    log = small.log.read_text()
+    assert "again with a context of 4096 tokens per slot (was 1024)" in log
+    assert "left out the" in log and "oldest messages" in log  # the dropping test's line: never silent

@@ -1,0 +1,51 @@
+"""The context per slot chosen at load (LLMD_CTX=auto): the trained context when a quarter of the
+free memory holds every slot's KV cache, less (never under 4096) when it does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmd.config import fixed_ctx, load_settings
+from llmd.models.gguf import GGUFInfo
+from llmd.models.memory import AUTO_MIN_CTX, choose_ctx
+
+GIB = 1024 ** 3
+
+
+def info(train: int, layers: int = 28, kv_heads: int = 2, head: int = 128) -> GGUFInfo:
+    md = {"general.architecture": "qwen2", "qwen2.context_length": train, "qwen2.block_count": layers,
+          "qwen2.attention.head_count": 12, "qwen2.attention.head_count_kv": kv_heads,
+          "qwen2.embedding_length": 12 * head}
+    return GGUFInfo(path=Path("m.gguf"), version=3, metadata=md, n_params=0, file_size=GIB, data_offset=0)
+
+
+def test_the_trained_context_when_memory_holds_it():
+    m = info(32768)  # 28 KiB of KV per token: 4 slots x 32k = 3.5 GiB, under a quarter of 20 GiB
+    c = choose_ctx(m, 4, available=20 * GIB)
+    assert c.n_ctx == 32768 and "trained context" in c.reason and "3584 MiB" in c.reason
+
+
+def test_less_on_a_machine_with_less_memory_with_the_numbers():
+    c = choose_ctx(info(32768), 4, available=8 * GIB)  # a quarter is 2 GiB: 18k tokens per slot
+    assert c.n_ctx == 18432 and "trained for 32768" in c.reason and "2048 MiB" in c.reason
+    assert choose_ctx(info(32768), 4, available=GIB).n_ctx == AUTO_MIN_CTX  # never below the old default
+
+
+def test_a_draft_model_counts_and_a_short_model_keeps_its_own():
+    alone = choose_ctx(info(32768), 4, available=16 * GIB).n_ctx
+    paired = choose_ctx(info(32768), 4, available=16 * GIB, draft=info(32768, layers=24, head=64)).n_ctx
+    assert paired < alone == 32768
+    assert choose_ctx(info(2048), 4, available=GIB).n_ctx == 2048  # trained for less than the floor
+
+
+def test_fixed_wins_and_says_so():
+    c = choose_ctx(info(8192), 4, fixed=16384, available=GIB)
+    assert c.n_ctx == 16384 and "LLMD_CTX" in c.reason and "trained for 8192" in c.reason
+
+
+def test_the_setting():
+    assert fixed_ctx("auto") == 0 and fixed_ctx("8192") == 8192 and load_settings({}).ctx == "auto"
+    with pytest.raises(ValueError, match="LLMD_CTX"):
+        fixed_ctx("big")
