@@ -64,6 +64,14 @@ def test_draft_model_cost_shortens_its_drafts_and_room_caps_them():
     assert free._choose(active(("draft",), draft=1.0), 0, 3) == ("draft", 3)
 
 
+def test_a_long_catch_up_is_weighed_against_a_typical_reply_not_the_context_end():
+    s = spec(0.003)
+    s.draft.catchup_s = 0.003  # type: ignore[union-attr]
+    a = active(("ngram", "draft"), ngram=0.0, draft=0.95)
+    assert s._choose(a, 0, 24000, gap=60)[0] == "draft"  # a short prompt: worth catching up
+    assert s._choose(a, 0, 24000, gap=8600) == ("", 0)  # a Codex-sized prompt for a short reply: not
+
+
 def test_no_drafting_still_probes_now_and_then():
     s = spec()
     a = active(("ngram",), ngram=0.0)

@@ -35,6 +35,12 @@ DRAFT_MARGIN = 1.1
 # Until t(k) is measured (when the engine is first idle after a speculating request), every row
 # is assumed to cost this much: drafting never pays then, so only probes and 'draft' draft.
 UNMEASURED_ROW_S = 1.0
+# A draft model's catch-up on a long gap (the prompt) is paid once, so it is weighed against the
+# tokens it could speed up: the reply's room, but no more than a typical reply's length. Weighed
+# against the room alone (the context's end, when max_tokens is unset) an 8.6k-token Codex prompt
+# looked cheap to catch up: the 0.5B draft then spent 128 tokens of prefill in each of 67 steps
+# (750 ms a step) for a 95-token reply that never drafted.
+TYPICAL_REPLY = 256
 
 
 @dataclass
@@ -155,9 +161,9 @@ class Speculator:
             per_draft, fixed = 0.0, 0.0
             if kind == "draft" and self.draft is not None:
                 # catching up: about one token a step once drafting; a larger gap (the prompt, or
-                # tokens decoded without it) is paid once, so it is spread over the reply's room
+                # tokens decoded without it) is paid once, so it is spread over the tokens it serves
                 per_draft = self.draft.step_s
-                fixed = self.draft.catchup_s * (1 + max(0, gap - 2) / max(1, room))
+                fixed = self.draft.catchup_s * (1 + max(0, gap - 2) / max(1, min(room, TYPICAL_REPLY)))
             for k in LENGTHS:
                 if k > room:
                     break
