@@ -32,6 +32,9 @@ python3 -m pip install -q -e '.[test,gemma]'
 # assembled and sha256-checked into ~/.cache/llmd/test-models (about 1.9 GB; 40 s here, reused after)
 python3 scripts/fetch_models.py >/dev/null
 
+# the front ends people use (Codex CLI, opencode, aider), pinned (about 2 min once; reused after)
+bash scripts/install-frontends.sh
+
 # llama.cpp's own server as a real upstream for the remote-model tests (about 10 min once; cached)
 bash scripts/build-llama-server.sh >/dev/null
 mkdir -p artifacts

@@ -16,6 +16,8 @@ import httpx
 import pytest
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import fetch_models  # noqa: E402  (scripts/: the real models' fetcher)
 
 
 def hf_folder(root: Path) -> Path:
@@ -100,3 +102,20 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 def http(daemon: Daemon) -> Iterator[httpx.Client]:
     with daemon.client() as c:
         yield c
+
+
+def llmd(d: Daemon, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmd", *args], env={**d.env, "COLUMNS": "300"},
+                          capture_output=True, text=True, timeout=600)
+
+
+def start_with_models(home: Path, env: dict[str, str], names: tuple[str, ...]) -> Daemon:
+    """A daemon with the real models registered (`llmd models add`), nothing preloaded."""
+    paths = {name: fetch_models.ensure(name) for name in names}
+    d = Daemon(home, env={"LLMD_PRELOAD": "0", "LLMD_MAX_LOADED": "2", **env})
+    d.env.pop("LLMD_SPECULATION")  # the real default: auto
+    d.start(wait_model=False)
+    for name, path in paths.items():
+        r = llmd(d, "models", "add", str(path), "--name", name)
+        assert r.returncode == 0, r.stderr
+    return d

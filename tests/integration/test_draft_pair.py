@@ -5,24 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon
+from conftest import Daemon, llmd
 
 pytestmark = pytest.mark.integration
 NO_STORE = {"Cache-Control": "no-store"}
 COPY = "Repeat this code exactly:\ndef add(a, b):\n    total = a + b\n    return total\n"
-
-
-def llmd(d: Daemon, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmd", *args], env=d.env, capture_output=True, text=True,
-                          timeout=600)
 
 
 @pytest.fixture(scope="module")

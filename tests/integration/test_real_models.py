@@ -24,11 +24,8 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-from conftest import Daemon
+from conftest import Daemon, llmd, start_with_models
 from pydantic import BaseModel
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import fetch_models  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
@@ -43,23 +40,6 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 GREET = [{"role": "user", "content": "Write a Python function that reverses a string."}]
 NO_STORE = {"Cache-Control": "no-store"}
 JS = Path(__file__).resolve().parents[1] / "clients_js"
-
-
-def llmd(d: Daemon, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmd", *args], env={**d.env, "COLUMNS": "300"},
-                          capture_output=True, text=True, timeout=600)
-
-
-def start_with_models(home: Path, env: dict[str, str], names: tuple[str, ...]) -> Daemon:
-    """A daemon with the real models registered (`llmd models add`), nothing preloaded."""
-    paths = {name: fetch_models.ensure(name) for name in names}
-    d = Daemon(home, env={"LLMD_PRELOAD": "0", "LLMD_MAX_LOADED": "2", **env})
-    d.env.pop("LLMD_SPECULATION")  # the real default: auto
-    d.start(wait_model=False)
-    for name, path in paths.items():
-        r = llmd(d, "models", "add", str(path), "--name", name)
-        assert r.returncode == 0, r.stderr
-    return d
 
 
 @pytest.fixture(scope="module")

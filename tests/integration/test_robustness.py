@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -237,5 +238,29 @@ def test_a_hung_worker_is_stopped_and_its_requests_get_an_error(tmp_path: Path):
             short = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
                                                          "max_tokens": 3})
             assert short.status_code == 200, short.text  # a new worker serves what does not hang
+    finally:
+        d.stop()
+
+
+def test_a_stream_waiting_for_its_first_token_gets_keep_alives(tmp_path: Path):
+    """A streamed request whose first event is slow (here a decode that hangs, as a long prompt's
+    prefill would take minutes) starts its stream after FIRST_EVENT_WAIT_S and sends a keep-alive
+    every KEEPALIVE_S, never minutes of silence; what ends it is reported in the stream."""
+    from llmd.daemon.routes._common import FIRST_EVENT_WAIT_S, KEEPALIVE_S
+
+    hang_s = FIRST_EVENT_WAIT_S + 2 * KEEPALIVE_S + 5
+    d = Daemon(tmp_path / "home", env={"LLMD_TEST_CRASH": "hang", "LLMD_HANG_S": str(hang_s)}).start()
+    try:
+        with d.client() as c:
+            t0 = time.monotonic()
+            body = {"messages": [{"role": "user", "content": "word " * 150}], "max_tokens": 4, "stream": True}
+            with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                started = time.monotonic() - t0
+                lines = [(time.monotonic() - t0, line) for line in r.iter_lines() if line]
+        assert FIRST_EVENT_WAIT_S - 1 < started < FIRST_EVENT_WAIT_S + 5, started
+        alive = [t for t, line in lines if line.startswith(": keep-alive")]
+        assert len(alive) >= 2 and all(b - a < KEEPALIVE_S + 3 for a, b in zip(alive, alive[1:], strict=False)), lines
+        assert any("stopped answering" in line for _, line in lines) and lines[-1][1] == "data: [DONE]", lines
     finally:
         d.stop()

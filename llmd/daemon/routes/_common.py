@@ -25,6 +25,21 @@ from llmd.models.hub import is_hub_ref
 M = TypeVar("M", bound=BaseModel)
 _log = logging.getLogger("llmd.requests")
 
+# A stream's status waits this long for the request's first event, so that bad input is still a
+# 4xx (the engine refuses it as it prepares, within milliseconds when idle); past it (a model
+# loading, a long prompt being read) the stream starts and a keep-alive goes out every
+# KEEPALIVE_S until the first token, so no client sits on a silent connection for minutes
+# (Codex gives up on a stream idle for 300 s; an 8.6k-token prompt takes about 220 s on two cores).
+FIRST_EVENT_WAIT_S = 10.0
+KEEPALIVE_S = 10.0
+
+
+class KeepAlive:
+    """What a Run yields while a streamed request's first event is still coming (see above)."""
+
+
+KEEPALIVE = KeepAlive()
+
 
 async def parse_body(request: Request, model: type[M], nulls_are_unset: bool = False) -> M:
     """The body validated as `model`; with `nulls_are_unset`, a top-level JSON null means "not sent"
@@ -133,7 +148,7 @@ class Run:
     req: GenerationRequest
     model: str
     events: AsyncIterator[Event]
-    first: Event
+    first: Event | None  # None while `pending` (a stream that started before its first event)
     t_start: float
     timing: dict[str, float] = field(default_factory=dict)
     cache: str = "bypass"  # X-LLMD-Cache: hit | miss | bypass
@@ -149,14 +164,22 @@ class Run:
     logprobs: list[Any] = field(default_factory=list)  # TokenLogprob per sampled token, when asked for
     tool_calls: list[Any] = field(default_factory=list)  # StructuredCall: calls a remote upstream parsed
     backend: str = "llama.cpp"  # the engine that serves the model (metric label, cache key)
+    pending: asyncio.Future[Event] | None = None  # the first event, when the stream started without it
 
-    def __aiter__(self) -> AsyncIterator[Event]:
+    def __aiter__(self) -> AsyncIterator[Event | KeepAlive]:
         return self._iter()
 
-    async def _iter(self) -> AsyncIterator[Event]:
+    async def _iter(self) -> AsyncIterator[Event | KeepAlive]:
         outcome = "cancelled"
         last = 0.0
         try:
+            while self.first is None:
+                assert self.pending is not None
+                await asyncio.wait({self.pending}, timeout=KEEPALIVE_S)
+                if self.pending.done():
+                    self.first = self.pending.result()  # an error here is reported in the stream
+                else:
+                    yield KEEPALIVE
             ev: Event | None = self.first
             while ev is not None:
                 if isinstance(ev, TokenEvent):
@@ -182,6 +205,10 @@ class Run:
             outcome = "error"
             raise
         finally:
+            if self.pending is not None and not self.pending.done():  # the client left while waiting
+                self.pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await self.pending
             await self.events.aclose()  # type: ignore[attr-defined]
             if self.metrics is not None:
                 end = time.perf_counter()
@@ -274,9 +301,12 @@ def engine_of(request: Request, name: str) -> str:
     return choice.backend if choice.backend in ("llama.cpp", "none") else f"{choice.backend}:{choice.precision}"
 
 
-async def start_run(request: Request, model: str | None, req: GenerationRequest, api: str) -> Run:
+async def start_run(request: Request, model: str | None, req: GenerationRequest, api: str,
+                    stream: bool = False) -> Run:
+    """The request submitted and its first event awaited (errors raised as 4xx/5xx); for a `stream`,
+    awaited at most FIRST_EVENT_WAIT_S, after which the Run yields keep-alives until it comes."""
     try:
-        run = await _start(request, model, req)
+        run = await _start(request, model, req, FIRST_EVENT_WAIT_S if stream else None)
     except LlmdError as e:
         outcome = "rejected" if e.status < 500 else "error"
         metrics = request.app.state.metrics
@@ -295,19 +325,19 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
     return run
 
 
-async def _start(request: Request, model: str | None, req: GenerationRequest) -> Run:
+async def _start(request: Request, model: str | None, req: GenerationRequest, wait: float | None) -> Run:
     scheduler = request.app.state.scheduler
     scheduler.preparing += 1  # lets the engine hold its next batch for requests arriving together
     timing: dict[str, float] = {}
     try:
-        return await _prepare_run(request, model, req, timing)
+        return await _prepare_run(request, model, req, timing, wait)
     finally:
         if not timing.get("submitted"):
             scheduler.preparing -= 1
 
 
 async def _prepare_run(request: Request, model: str | None, req: GenerationRequest,
-                       timing: dict[str, float]) -> Run:
+                       timing: dict[str, float], wait: float | None) -> Run:
     """Answer from the response cache, or submit and wait for the first event, so that errors
     become a 4xx/5xx before any body is sent."""
     state = request.app.state
@@ -330,8 +360,15 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     elif cache is not None:
         cache.bypasses += 1
     events = scheduler.generate(name, req, timing)
-    first = await events.__anext__()
-    run = Run(req, name, events, first, t_start, timing, cache=status, cache_key=key, request=request)
+    coming: asyncio.Future[Event] = asyncio.ensure_future(events.__anext__())
+    try:
+        await asyncio.wait({coming}, timeout=wait)
+    except BaseException:  # the client left (the task running the route was cancelled)
+        coming.cancel()
+        raise
+    done = coming.done()
+    run = Run(req, name, events, coming.result() if done else None, t_start, timing, cache=status, cache_key=key,
+              request=request, pending=None if done else coming)
     if key is not None:
         run.on_done = lambda r: asyncio.get_running_loop().run_in_executor(None, _store, cache, r)
     return run

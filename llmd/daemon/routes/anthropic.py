@@ -21,7 +21,7 @@ from starlette.routing import Route
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
 from llmd.chat.parse import Delta, ReplyParser
 from llmd.chat.tools import check_choice, offered_tools
-from llmd.daemon.routes._common import Run, chat_format, normalize_tools, parse_body, start_run
+from llmd.daemon.routes._common import KeepAlive, Run, chat_format, normalize_tools, parse_body, start_run
 from llmd.daemon.security import error_body
 from llmd.errors import BadRequest, LlmdError
 
@@ -229,7 +229,7 @@ async def messages(request: Request) -> Response:
         id=uuid.uuid4().hex, messages=chat_messages(body.system, body.messages), max_tokens=body.max_tokens,
         sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
         stop=tuple(body.stop_sequences or ()), response_format=fmt, **tools)
-    run = await start_run(request, body.model, req, "anthropic")
+    run = await start_run(request, body.model, req, "anthropic", stream=body.stream)
     mid = "msg_" + req.id
     parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req), stream_calls=body.stream)
     blocks = _Blocks()
@@ -250,7 +250,9 @@ async def messages(request: Request) -> Response:
         yield _sse("ping", {})
         try:
             async for ev in run:
-                if isinstance(ev, TokenEvent):
+                if isinstance(ev, KeepAlive):
+                    yield _sse("ping", {})  # Anthropic's own keep-alive event
+                elif isinstance(ev, TokenEvent):
                     for e in blocks.add(parser.feed(ev.text, ev.tool_calls)):
                         yield e
         except LlmdError as err:

@@ -21,7 +21,15 @@ from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
 from llmd.chat.parse import CallDelta, ToolCall, reply_parser
 from llmd.chat.tools import check_choice, offered_tools
 from llmd.config import SpeculationMode
-from llmd.daemon.routes._common import Run, chat_format, normalize_tools, parse_body, start_run, text_of
+from llmd.daemon.routes._common import (
+    KeepAlive,
+    Run,
+    chat_format,
+    normalize_tools,
+    parse_body,
+    start_run,
+    text_of,
+)
 from llmd.daemon.security import error_body
 from llmd.errors import BadRequest, LlmdError
 
@@ -305,7 +313,9 @@ async def _respond(run: Run, body: _Common, chat: bool) -> Response:
         calls = False
         try:
             async for ev in run:
-                if isinstance(ev, TokenEvent):
+                if isinstance(ev, KeepAlive):  # an SSE comment: clients skip it, connections stay open
+                    yield b": keep-alive\n\n"
+                elif isinstance(ev, TokenEvent):
                     if parser is None:
                         yield _sse(chunk({"content": ev.text} if chat else ev.text, None, ev.logprobs))
                         continue
@@ -351,7 +361,7 @@ async def chat_completions(request: Request) -> Response:
     tools = tool_fields(body.tools, body.tool_choice, body.parallel_tool_calls,
                         body.response_format is not None and body.response_format.type != "text")
     req = _generation(body, messages=chat_messages(body.messages), **tools)
-    run = await start_run(request, body.model, req, "openai")
+    run = await start_run(request, body.model, req, "openai", stream=body.stream)
     return await _respond(run, body, chat=True)
 
 
@@ -363,7 +373,7 @@ async def completions(request: Request) -> Response:
             raise BadRequest(f"prompt is a list of {len(prompt)} strings; llmd completes one prompt per request", "prompt")
         prompt = prompt[0]
     req = _generation(body, prompt=prompt, raw=True)
-    run = await start_run(request, body.model, req, "openai")
+    run = await start_run(request, body.model, req, "openai", stream=body.stream)
     return await _respond(run, body, chat=False)
 
 

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from llmd.backends.base import FinalEvent, GenerationRequest, Sampling, TokenEvent
 from llmd.chat.parse import CallDelta, Delta, ReplyParser, ToolCall
 from llmd.chat.tools import check_choice, offered_tools
-from llmd.daemon.routes._common import chat_format, parse_body, start_run
+from llmd.daemon.routes._common import KeepAlive, chat_format, parse_body, start_run
 from llmd.daemon.routes.responses_tools import ToolMap, map_tools
 from llmd.errors import BadRequest, LlmdError, NotFound
 
@@ -337,7 +337,7 @@ async def create(request: Request) -> Response:
         id=uuid.uuid4().hex, messages=messages, max_tokens=body.max_output_tokens,
         sampling=Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed),
         response_format=fmt_json, tools=tools, tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls)
-    run = await start_run(request, body.model, req, "openai")
+    run = await start_run(request, body.model, req, "openai", stream=body.stream)
     rid = "resp_" + req.id
     created = int(time.time())
     parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req), stream_calls=body.stream)
@@ -363,7 +363,9 @@ async def create(request: Request) -> Response:
                                                                          choice)))
         try:
             async for ev in run:
-                if isinstance(ev, TokenEvent):
+                if isinstance(ev, KeepAlive):  # an SSE comment: clients skip it, connections stay open
+                    yield b": keep-alive\n\n"
+                elif isinstance(ev, TokenEvent):
                     for e in out.add(parser.feed(ev.text, ev.tool_calls)):
                         yield _sse(e)
         except LlmdError as err:

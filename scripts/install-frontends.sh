@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The front ends tests/integration/test_frontends.py drives, at pinned versions:
+# Codex CLI and opencode from npm (tests/frontends/package.json) and aider from PyPI, in its own
+# virtual environment under ~/.cache/llmd/apps (aider pins exact versions of openai, litellm and
+# numpy that would fight the test environment's). Reused once installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+(cd tests/frontends && npm install --no-audit --no-fund --loglevel=error)
+AIDER_VERSION=0.86.2
+venv="$HOME/.cache/llmd/apps/aider-$AIDER_VERSION"
+if ! "$venv/bin/aider" --version >/dev/null 2>&1; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "aider-chat==$AIDER_VERSION"
+fi

@@ -1,0 +1,52 @@
+"""A recording reverse proxy for the front-end tests: an app is pointed at it instead of llmd, and
+every request it makes is passed through unchanged (streams included) and written down as
+(method, path, status), so a test can say which routes the app used and that none failed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+from thread_server import ThreadServer
+
+HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+
+
+class Recorder(ThreadServer):
+    def __init__(self, upstream: str) -> None:
+        self.calls: list[tuple[str, str, int]] = []
+        self.upstream = upstream
+        app = Starlette(routes=[Route("/{path:path}", self._relay,
+                                      methods=["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])])
+        super().__init__(app)
+
+    async def _relay(self, request: Request) -> StreamingResponse:
+        client = httpx.AsyncClient(base_url=self.upstream, timeout=httpx.Timeout(900.0, connect=10.0))
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        req = client.build_request(request.method, request.url.path, params=request.query_params,
+                                   headers=headers, content=await request.body())
+        r = await client.send(req, stream=True)
+        self.calls.append((request.method, request.url.path, r.status_code))
+
+        async def close() -> None:
+            await r.aclose()
+            await client.aclose()
+
+        return StreamingResponse(r.aiter_raw(), status_code=r.status_code, background=BackgroundTask(close),
+                                 headers={k: v for k, v in r.headers.items() if k.lower() not in HOP})
+
+    def failed(self, allowed: set[tuple[str, int]] | None = None) -> list[tuple[str, str, int]]:
+        """Calls answered 4xx/5xx, less those expected by design ((path, status) in `allowed`)."""
+        return [c for c in self.calls if c[2] >= 400 and (c[1], c[2]) not in (allowed or set())]
+
+    def routes(self) -> list[str]:
+        return sorted({f"{m} {p}" for m, p, _ in self.calls})
+
+
+def summary(rec: Recorder) -> Any:
+    return {"routes": rec.routes(), "failed": rec.failed()}
