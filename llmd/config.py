@@ -87,13 +87,24 @@ class Paths:
             if not os.access(p, os.W_OK):
                 raise ValueError(f"llmd cannot write to {p}: make it writable by this user, or point LLMD_HOME "
                                  "at a folder that is")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Files renamed since they were written: moved once, with SQLite's -wal and -shm beside them."""
+        for old, new in ((self.cache / "responses.db", self.response_cache_db),):
+            if old.exists() and not new.exists():
+                for suffix in ("", "-wal", "-shm"):
+                    src = old.with_name(old.name + suffix)
+                    if src.exists():
+                        src.rename(new.with_name(new.name + suffix))
 
     @property
     def registry_db(self) -> Path:
         return self.data / "registry.db"
 
     @property
-    def stored_responses_db(self) -> Path:
+    def responses_api_db(self) -> Path:
+        """The Responses API's stored responses (previous_response_id, GET /v1/responses/ID): data."""
         return self.data / "responses_api.db"
 
     @property
@@ -101,8 +112,9 @@ class Paths:
         return self.data / "models"
 
     @property
-    def responses_db(self) -> Path:
-        return self.cache / "responses.db"
+    def response_cache_db(self) -> Path:
+        """The response cache (replies replayed for repeated requests): cache, safe to delete."""
+        return self.cache / "response_cache.db"
 
     @property
     def prefix_dir(self) -> Path:

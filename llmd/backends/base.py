@@ -6,6 +6,7 @@ Prompts travel inside GenerationRequest but are never logged: its repr hides the
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -154,6 +155,18 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class ClearCaches:
+    """daemon -> worker: drop the engine's own caches (llama.cpp: its prefix cache in memory and its
+    entries on disk). The engine removes its files itself, so none is removed under a read."""
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """worker -> daemon: what ClearCaches dropped, and the prefix-cache namespace it owns."""
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model_path: str
     model_name: str
@@ -204,4 +217,54 @@ class Engine(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
+    def clear_caches(self) -> dict[str, Any]:
+        """Drop the engine's caches; {"prefixes_cleared": n, "namespace": its prefix namespace or ""}."""
+
     def close(self) -> None: ...
+
+
+class Handle(Protocol):
+    """What the daemon holds for a loaded model and all it uses of it: a local worker process
+    (backends/worker.WorkerHandle, which drives an Engine) or a relay to remote upstreams
+    (backends/remote/handle.RemoteHandle). The scheduler and the routes see only this."""
+
+    backend: str  # "llama.cpp", "tensorrt" or "remote"
+    remote: bool  # True: no local process and no memory here (not counted against LLMD_MAX_LOADED)
+    fallback: str | None  # a remote model's local stand-in when every upstream is down
+    info: dict[str, Any]  # the engine's info once loaded (status, /api/ps, the routes' chat format)
+    started: float  # time.time() at start
+    alive: bool
+
+    @property
+    def cfg(self) -> EngineConfig | None: ...
+
+    @property
+    def hung_for(self) -> float | None:
+        """Seconds it sent nothing before the daemon stopped it; None while it has not been."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def open_requests(self) -> int: ...
+
+    def silent_for(self) -> float: ...
+
+    def kill_hung(self, silent: float) -> None: ...
+
+    async def wait_loaded(self) -> dict[str, Any]: ...
+
+    def submit(self, req: GenerationRequest | EmbedRequest) -> asyncio.Queue[Event]: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+    async def stats(self, timeout: float = 2.0) -> dict[str, Any]: ...
+
+    async def clear_caches(self, timeout: float = 60.0) -> dict[str, Any]: ...
+
+    def shutdown(self, timeout: float = 30.0) -> None: ...

@@ -2,7 +2,7 @@
 
 Each loaded model runs in its own process (multiprocessing, spawn) so that a crash in the
 engine (a bad GGUF, a CUDA error, kill -9) takes down only that worker. The daemon talks to
-it over one Pipe: commands go down (GenerationRequest, EmbedRequest, Cancel, StatsRequest, Shutdown); a list
+it over one Pipe: commands go down (GenerationRequest, EmbedRequest, Cancel, StatsRequest, ClearCaches, Shutdown); a list
 of events per engine step comes back. A reader thread in the daemon hands events to the
 asyncio queue of their request; at EOF every request still open gets an EngineCrashed error.
 """
@@ -20,6 +20,8 @@ from typing import Any
 
 from llmd.backends.base import (
     Cancel,
+    ClearCaches,
+    Cleared,
     EmbedRequest,
     EngineConfig,
     ErrorEvent,
@@ -100,10 +102,15 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
                         conn.send([engine.embed(msg)])
                     except LlmdError as e:
                         conn.send([ErrorEvent(msg.id, e.to_wire())])
+                    except Exception as e:  # a bug or a llama.cpp failure: this request fails, the worker serves on
+                        log.exception("embedding request %s failed", msg.id)
+                        conn.send([ErrorEvent(msg.id, EngineError(f"the engine failed to embed: {e}").to_wire())])
                 elif isinstance(msg, Cancel):
                     engine.cancel(msg.id)
                 elif isinstance(msg, StatsRequest):
                     conn.send(Stats(engine.stats()))
+                elif isinstance(msg, ClearCaches):
+                    conn.send(Cleared(engine.clear_caches()))
                 elif isinstance(msg, Shutdown):
                     return
             events = engine.step()
@@ -122,7 +129,11 @@ HEARTBEAT_S = 5.0  # a busy worker sends at least this often, events or not
 
 
 class WorkerHandle:
-    """The daemon side of one worker process. Thread-safe sends; events land on asyncio queues."""
+    """The daemon side of one worker process (a backends.base.Handle). Thread-safe sends; events
+    land on asyncio queues."""
+
+    remote = False
+    fallback: str | None = None
 
     def __init__(self, backend: str, cfg: EngineConfig | None, loop: asyncio.AbstractEventLoop,
                  on_exit: Callable[[WorkerHandle], None] | None = None) -> None:
@@ -135,7 +146,7 @@ class WorkerHandle:
         self._queues: dict[str, asyncio.Queue[Event]] = {}
         self._lock = threading.Lock()
         self._loaded: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self._stats: asyncio.Future[dict[str, Any]] | None = None
+        self._asked: dict[type, asyncio.Future[dict[str, Any]]] = {}  # StatsRequest, ClearCaches
         self.alive = True
         self.last_heard = time.monotonic()  # any message from the worker (events, heartbeat, stats)
         self.hung_for: float | None = None  # set when the daemon stopped it for not answering
@@ -211,15 +222,30 @@ class WorkerHandle:
             self._queues.pop(request_id, None)
 
     async def stats(self, timeout: float = 2.0) -> dict[str, Any]:
+        return await self._ask(StatsRequest, timeout)
+
+    async def clear_caches(self, timeout: float = 60.0) -> dict[str, Any]:
+        """The engine drops its caches (between steps, in the worker); {} if it is gone or too slow."""
+        return await self._ask(ClearCaches, timeout)
+
+    async def _ask(self, command: type[StatsRequest | ClearCaches], timeout: float) -> dict[str, Any]:
+        """Send a command the worker answers with a dict (one of each kind in flight: callers share
+        it) and wait for the answer; {} when the worker is gone, not loaded, or too slow."""
         if not self.alive or not self._loaded.done():
             return {}
-        if self._stats is None or self._stats.done():
-            self._stats = self.loop.create_future()
-            self._outbox.put(StatsRequest())
+        fut = self._asked.get(command)
+        if fut is None or fut.done():
+            fut = self._asked[command] = self.loop.create_future()
+            self._outbox.put(command())
         try:
-            return await asyncio.wait_for(asyncio.shield(self._stats), timeout)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
             return {}
+
+    def _answered(self, command: type[StatsRequest | ClearCaches], info: dict[str, Any]) -> None:
+        fut = self._asked.get(command)
+        if fut is not None and not fut.done():
+            fut.set_result(info)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         if self.alive:
@@ -252,7 +278,9 @@ class WorkerHandle:
                 elif isinstance(msg, Loaded):
                     self.loop.call_soon_threadsafe(self._set_loaded, msg)
                 elif isinstance(msg, Stats):
-                    self.loop.call_soon_threadsafe(self._set_stats, msg.info)
+                    self.loop.call_soon_threadsafe(self._answered, StatsRequest, msg.info)
+                elif isinstance(msg, Cleared):
+                    self.loop.call_soon_threadsafe(self._answered, ClearCaches, msg.info)
         except (EOFError, OSError):
             pass
         self.process.join(5.0)
@@ -277,10 +305,6 @@ class WorkerHandle:
             self.info = msg.info
             self._loaded.set_result(msg.info)
 
-    def _set_stats(self, info: dict[str, Any]) -> None:
-        if self._stats is not None and not self._stats.done():
-            self._stats.set_result(info)
-
     def _exited(self, code: int | None) -> None:
         with self._lock:
             self.alive = False
@@ -301,8 +325,8 @@ class WorkerHandle:
         if not self._loaded.done():
             self._loaded.set_exception(EngineCrashed(f"the engine worker for {self.cfg.model_name} {how} while loading"))
             self._loaded.exception()  # mark retrieved: nobody may be waiting
-        if self._stats is not None and not self._stats.done():
-            self._stats.set_result({})
+        for command in list(self._asked):  # nobody waits for an answer that cannot come
+            self._answered(command, {})
         if code not in (0, None):
             log.error("worker for %s (pid %s) %s", self.cfg.model_name, self.pid, how)
         if self._on_exit:

@@ -7,6 +7,8 @@ from reaching Python internals. Models without a template get ChatML, and say so
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +42,33 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+# A template is code from a downloaded file: beside the sandbox, its work is bounded. Loops over
+# `range` share one budget per render (the sandbox bounds each range, not nested ones), and the
+# output is cut off (a 400) past MAX_RENDER_CHARS; messages themselves are bounded by the body limit.
+MAX_RANGE_STEPS = 1_000_000
+MAX_RENDER_CHARS = 64 * 1024 * 1024
+MAX_RENDER_S = 5.0
+
+
+class _Budget:
+    """The range steps and time one render may spend."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.deadline = time.monotonic() + MAX_RENDER_S
+
+    def range(self, *args: int) -> Iterator[int]:
+        r = range(*args)
+        if len(r) > MAX_RANGE_STEPS:
+            raise TemplateError(f"the chat template asked for a range of {len(r)} steps (at most {MAX_RANGE_STEPS})")
+        for i in r:
+            self.steps += 1
+            if self.steps > MAX_RANGE_STEPS or (self.steps % 4096 == 0 and time.monotonic() > self.deadline):
+                raise TemplateError(f"the chat template ran past its bound ({MAX_RANGE_STEPS} loop steps or "
+                                    f"{MAX_RENDER_S:g} s); is it a real chat template?")
+            yield i
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
         self.builtin = source is None
@@ -60,14 +89,24 @@ class ChatTemplate:
         """The prompt, with `tools` given to the template as transformers' apply_chat_template does
         (a list of OpenAI-shaped {"type": "function", "function": {...}} objects, or unset)."""
         extra: dict[str, Any] = {"tools": tools} if tools else {}
+        budget = _Budget()
         try:
-            text = self._template.render(
+            out: list[str] = []
+            size = 0
+            for piece in self._template.generate(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos,
                 eos_token=self._eos,
+                range=budget.range,
                 **extra,
-            )
+            ):
+                size += len(piece)
+                if size > MAX_RENDER_CHARS or time.monotonic() > budget.deadline:
+                    raise TemplateError(f"the chat template's output ran past {MAX_RENDER_CHARS} characters or "
+                                        f"{MAX_RENDER_S:g} s; is it a real chat template?")
+                out.append(piece)
+            text = "".join(out)
             return text.replace(*_QWEN_CALL_EXAMPLE) if tools else text
         except TemplateError as e:
             raise BadRequest(f"the model's chat template refused these messages: {e}", "messages") from None

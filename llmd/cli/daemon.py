@@ -62,6 +62,19 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 1
 
 
+def _is_llmd(pid: int) -> bool:
+    """Whether process `pid` is an llmd daemon (`llmd serve`, `python -m llmd serve`) of this user."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        cmd = " ".join(p.cmdline())
+        same_user = p.uids().real == os.getuid() if hasattr(os, "getuid") else True
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return same_user and "llmd" in cmd and " serve" in f" {cmd}"
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     pid_file = settings.paths.pid_file
@@ -69,6 +82,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         print(f"llmd is not running (no pid file at {pid_file})")
+        return 0
+    if not _is_llmd(pid):  # a stale file whose pid now belongs to another program: never signal it
+        pid_file.unlink(missing_ok=True)
+        print(f"llmd was not running (removed a stale pid file; pid {pid} is not llmd)")
         return 0
     try:
         os.kill(pid, signal.SIGTERM)

@@ -58,10 +58,10 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         registry.sync_packaged()
         app.state.token = load_or_create_token(settings.paths.config)
         app.state.response_cache = (
-            ResponseCache(settings.paths.responses_db, settings.response_cache_ttl,
+            ResponseCache(settings.paths.response_cache_db, settings.response_cache_ttl,
                           settings.response_cache_mb * 1024 * 1024)
             if settings.response_cache else None)
-        app.state.stored_responses = StoredResponses(settings.paths.stored_responses_db)
+        app.state.stored_responses = StoredResponses(settings.paths.responses_api_db)
         sched = scheduler or Scheduler(settings, registry)
         app.state.settings = settings
         app.state.registry = registry

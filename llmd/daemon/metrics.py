@@ -96,6 +96,7 @@ class Metrics:
 
     def set_snapshot(self, status: dict[str, Any]) -> None:
         self._snapshot = status
+        self.running.set(status.get("requests_in_flight", 0))  # read at each scrape, as the status has it
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -31,6 +31,7 @@ from llmd.backends.base import (
     Event,
     FinalEvent,
     GenerationRequest,
+    Handle,
 )
 from llmd.backends.repack import Decision, RepackRecord
 from llmd.backends.select import Choice, Probe, choose, formats_of
@@ -61,11 +62,29 @@ WorkerFactory = Callable[[str, EngineConfig | None, asyncio.AbstractEventLoop, C
 
 
 @dataclass
+class Admission:
+    """One request's passage from a route into the scheduler, written by both sides.
+
+    Batching hint: a route counts its request in `Scheduler.preparing` as soon as it starts
+    (parsing, the response-cache lookup), and `generate` takes it out when it submits
+    (`submitted`); a request submitted while others are still being prepared carries
+    `more_coming`, so the engine holds its next batch a moment for them (requests that arrive
+    together are decoded together). A route that fails before submitting takes it out itself.
+    What it cost and who answered: `load_s`, the seconds spent loading the model for it (Ollama's
+    load_duration); `fallback`, a remote model's local stand-in answered (its reply is that
+    model's: parsed in its chat format, never stored in the response cache)."""
+
+    submitted: bool = False
+    load_s: float = 0.0
+    fallback: bool = False
+
+
+@dataclass
 class ModelState:
     """What the scheduler knows of one model. It outlives its worker: a request holds the model
     (`users`) from before the load, and a keep-alive set by a request applies to the next load."""
 
-    worker: WorkerHandle | None = None
+    worker: Handle | None = None
     users: int = 0  # requests using it, from before its load to their end: it is never stopped under them
     keep_alive: float | None = None  # seconds (None: forever); the daemon's until a request sets one
     last_used: float = 0.0  # monotonic
@@ -87,13 +106,13 @@ class Scheduler:
         self.version = 0  # bumped on every change a watcher cares about (see /llmd/events)
         self._changed: asyncio.Condition | None = None
         self.choices: dict[str, Choice] = {}
-        self._loads: dict[str, asyncio.Task[WorkerHandle]] = {}
+        self._loads: dict[str, asyncio.Task[Handle]] = {}
         self.active_model = settings.model
         self.speculation = settings.speculation  # for requests that name none; the tray can change it
         self._draft_config = draft_pairs(settings.draft)
         self._pairs_checked: dict[tuple[str, str], bool] = {}  # (target, draft) digests -> compatible
         self.in_flight = 0
-        self.preparing = 0  # requests the routes are preparing (parsing, cache lookup), not yet submitted
+        self.preparing = 0  # requests the routes are preparing, not yet submitted (see Admission)
         self.capacity = settings.slots + settings.max_queue
         self.started = time.time()
         self.crashes = 0
@@ -102,7 +121,7 @@ class Scheduler:
         self.unavailable: dict[str, str] = {}  # model -> why it is not started again (crash loop)
 
     @property
-    def workers(self) -> dict[str, WorkerHandle]:
+    def workers(self) -> dict[str, Handle]:
         """The loaded models' workers, by name."""
         return {n: m.worker for n, m in self.models.items() if m.worker is not None}
 
@@ -111,7 +130,7 @@ class Scheduler:
             self.models[name] = ModelState(keep_alive=self.keep_alive)
         return self.models[name]
 
-    def _loaded(self, name: str, worker: WorkerHandle) -> None:
+    def _loaded(self, name: str, worker: Handle) -> None:
         m = self.state(name)
         m.worker, m.last_used, m.retiring = worker, time.monotonic(), False
 
@@ -146,7 +165,7 @@ class Scheduler:
 
     # ---- loading ------------------------------------------------------------------------------
 
-    async def worker_for(self, model: str | None, explicit: bool = False) -> tuple[WorkerHandle, float]:
+    async def worker_for(self, model: str | None, explicit: bool = False) -> tuple[Handle, float]:
         """The loaded worker of `model` (loading it if needed) and the seconds spent loading.
         A model whose workers keep crashing is not started again unless asked for `explicit`ly
         (`llmd use`, the load route)."""
@@ -183,7 +202,7 @@ class Scheduler:
         if w is None:  # not loaded yet: the load takes it into account
             m.ctx_wanted = max(m.ctx_wanted, want)
             return
-        if getattr(w, "remote", False) or w.cfg is None or want <= w.cfg.n_ctx:
+        if w.remote or w.cfg is None or want <= w.cfg.n_ctx:
             return
         loaded = w.cfg.n_ctx
         est = w.info.get("memory_estimate") or {}
@@ -201,13 +220,13 @@ class Scheduler:
         m.ctx_wanted = want
         self._stop(name)
 
-    def _load_done(self, name: str) -> Callable[[asyncio.Task[WorkerHandle]], None]:
-        def done(_task: asyncio.Task[WorkerHandle]) -> None:
+    def _load_done(self, name: str) -> Callable[[asyncio.Task[Handle]], None]:
+        def done(_task: asyncio.Task[Handle]) -> None:
             self._loads.pop(name, None)
 
         return done
 
-    async def _load(self, name: str, row: dict[str, Any]) -> WorkerHandle:
+    async def _load(self, name: str, row: dict[str, Any]) -> Handle:
         s = self.settings
         if row["format"] == "remote":
             return await self._load_remote(name, row)
@@ -299,7 +318,7 @@ class Scheduler:
                         "in half the memory available; loading with %d", name, wanted, ctx.n_ctx)
         return ctx
 
-    async def _load_remote(self, name: str, row: dict[str, Any]) -> WorkerHandle:
+    async def _load_remote(self, name: str, row: dict[str, Any]) -> Handle:
         """A remote model: no process, a handle that relays to its upstreams (checked once here)."""
         from llmd.backends.remote.handle import RemoteHandle, RemoteSpec
 
@@ -307,10 +326,10 @@ class Scheduler:
         cfg = EngineConfig(model_path=spec.urls[0], model_name=name, n_ctx=fixed_ctx(self.settings.ctx), n_slots=0, chunk=0,
                            model_digest=row["digest"])
         handle = await RemoteHandle(spec, cfg, asyncio.get_running_loop(), self.settings.remote_read_s).start()
-        self._loaded(name, handle)  # type: ignore[arg-type]  # the same shape as a WorkerHandle
+        self._loaded(name, handle)
         self._ensure_reaper()
         self.touch()
-        return handle  # type: ignore[return-value]
+        return handle
 
     async def _start(self, cfg: EngineConfig, backend: str) -> WorkerHandle:
         """A worker with the model loaded; a crash while loading counts toward the breaker and is
@@ -418,7 +437,7 @@ class Scheduler:
         once they have no open requests: a stream in flight always finishes."""
         keep = keep or self.active_model
         workers = self.workers
-        local = [n for n, w in workers.items() if not getattr(w, "remote", False)]  # remote ones hold no memory
+        local = [n for n, w in workers.items() if not w.remote]  # remote ones hold no memory
         extra = sorted((n for n in local if n != keep), key=lambda n: self.models[n].last_used)
         over = len(local) - self.max_loaded
         for name in extra:
@@ -447,7 +466,7 @@ class Scheduler:
         self._retire_idle()
         return True
 
-    async def set_active(self, name: str) -> WorkerHandle:
+    async def set_active(self, name: str) -> Handle:
         """Make `name` the model for requests that name none; load it, retire the others."""
         self.registry.get(name)
         worker, _ = await self.worker_for(name, explicit=True)
@@ -500,7 +519,7 @@ class Scheduler:
     # ---- generation ---------------------------------------------------------------------------
 
     async def generate(self, model: str | None, req: GenerationRequest | EmbedRequest,
-                       timing: dict[str, float] | None = None) -> AsyncIterator[Event]:
+                       admission: Admission | None = None) -> AsyncIterator[Event]:
         """Events of one request, ending with a FinalEvent (an EmbedResult for embeddings); an
         ErrorEvent is raised as its LlmdError. Closing the iterator early (client gone) cancels
         the request in the engine."""
@@ -519,16 +538,16 @@ class Scheduler:
             if isinstance(req, GenerationRequest) and req.ctx_limit:
                 self._grow_for(name, req.ctx_limit)
             worker, load_s = await self.worker_for(name)
-            if timing is not None:
-                timing["load_s"] = load_s
-            if timing is not None and "submitted" not in timing:  # counted in `preparing` by the route
-                timing["submitted"] = 1
+            if admission is not None:
+                admission.load_s = load_s
+            if admission is not None and not admission.submitted:  # counted in `preparing` by the route
+                admission.submitted = True
                 self.preparing -= 1
                 if self.preparing > 0 and isinstance(req, GenerationRequest):
                     req = replace(req, more_coming=True)
             queue = worker.submit(req)
             finished = False
-            fallback: str | None = getattr(worker, "fallback", None)  # a remote model's local stand-in
+            fallback = worker.fallback  # a remote model's local stand-in
             started = False
             try:
                 while True:
@@ -542,8 +561,8 @@ class Scheduler:
                             self.state(fallback).users += 1
                             users.append(fallback)
                             worker, _ = await self.worker_for(fallback)
-                            if timing is not None:
-                                timing["fallback"] = 1.0
+                            if admission is not None:
+                                admission.fallback = True
                             queue, finished, fallback = worker.submit(req), False, None
                             continue
                         raise err

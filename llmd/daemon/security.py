@@ -9,7 +9,9 @@ unless the user allowed them.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from urllib.parse import urlsplit
 
 from llmd.config import Settings
 from llmd.errors import Forbidden, LlmdError, PayloadTooLarge, Unauthorized
+
+log = logging.getLogger("llmd.security")
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
@@ -132,20 +136,36 @@ def token_path(config_dir: Path) -> Path:
     return config_dir / "token"
 
 
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{32,}")  # what secrets.token_urlsafe(32) writes (43 characters)
+
+
 def load_or_create_token(config_dir: Path) -> str:
-    """The bearer token for control routes: made on first start, readable by the user only."""
+    """The bearer token for control routes: made on first start, readable by the user only. A file
+    that is empty, cut short or not a token (a crash mid-write, an edit) is replaced, never trusted:
+    an empty token would let an empty bearer through. Written whole or not at all (temp file,
+    fsync, rename)."""
     path = token_path(config_dir)
-    if path.exists():
-        return path.read_text().strip()
+    try:
+        token = path.read_text().strip()
+        if TOKEN_RE.fullmatch(token):
+            return token
+        log.warning("the token file %s is empty or malformed; writing a new token", path)
+    except FileNotFoundError:
+        pass
     config_dir.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
     return token
 
 
 def check_token(headers: Any, token: str) -> None:
+    assert token, "an empty token authorizes nobody"
     got = headers.get("authorization", "")
     scheme, _, value = got.partition(" ")
     # bytes: compare_digest refuses non-ASCII str (a TypeError would be a 500)

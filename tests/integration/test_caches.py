@@ -247,10 +247,18 @@ def test_concurrent_writers_and_size_bounds(tmp_path: Path):
         orphans = db.execute("select count(*) from blocks where entry not in (select id from entries)").fetchone()[0]
         db.close()
         assert orphans == 0 and ids == {f.stem for f in _entry_files(d)}
+        # an entry of a model no worker serves now: the daemon removes it, the worker its own
+        db = sqlite3.connect(d.home / "cache" / "prefix" / "index.db")
+        with db:
+            db.execute("insert into entries values ('foreign', 'other-model|f16|chunk=64|fast|x', 64, 3, 0, 0, 0)")
+        db.close()
+        (d.home / "cache" / "prefix" / "foreign.kv").write_bytes(b"kv!")
         r = httpx.post(d.url + "/llmd/cache/clear", json={"responses": True, "prefixes": True}, headers=token(d))
-        assert r.status_code == 200 and r.json()["prefixes_cleared"] >= 1
+        assert r.status_code == 200 and r.json()["prefixes_cleared"] >= 2, r.text
         assert httpx.post(d.url + "/llmd/cache/clear").status_code == 401
         assert httpx.get(d.url + "/llmd/cache").json()["prefixes"]["entries"] == 0
+        assert not _entry_files(d)
+        assert ask(7).status_code == 200  # the worker goes on serving
     finally:
         d.stop()
 

@@ -53,9 +53,9 @@ def rec(d: Daemon) -> Iterator[Recorder]:
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
-    r = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    return r
+    # PWD too: opencode takes its project folder from it, and the test's own would be inherited
+    return subprocess.run(cmd, cwd=cwd, env={**os.environ, "PWD": str(cwd), **env}, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def assert_clean(r: subprocess.CompletedProcess, rec: Recorder, must_call: str) -> None:

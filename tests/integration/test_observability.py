@@ -161,3 +161,16 @@ def test_structured_logs_have_request_ids_and_no_prompts(obs: Daemon):
     assert mine and mine[0]["outcome"] == "ok" and mine[0]["api"] == "openai" and mine[0]["completion_tokens"] >= 1
     assert all({"ts", "level", "logger", "msg"} <= set(e) for e in entries)
     assert secret not in log.read_text()
+
+
+def test_requests_running_counts_a_stream_in_flight(obs: Daemon):
+    assert total(scrape(obs), "llmd_requests_running") == 0
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 200."}], "max_tokens": 150, "stream": True,
+            "temperature": 0}
+    with httpx.stream("POST", obs.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        next(r.iter_lines())  # admitted and streaming
+        running = total(scrape(obs), "llmd_requests_running")
+        for _ in r.iter_lines():
+            pass
+    assert running == 1
+    assert total(scrape(obs), "llmd_requests_running") == 0

@@ -177,7 +177,7 @@ def test_damaged_cache_databases_are_rebuilt(tmp_path: Path):
     finally:
         d.stop()
     _corrupt(home / "cache" / "prefix" / "index.db")
-    _corrupt(home / "cache" / "responses.db")
+    _corrupt(home / "cache" / "response_cache.db")
     d = Daemon(home, env=env, port=d.port).start()
     try:
         r = httpx.post(d.url + "/v1/chat/completions", json=long, timeout=120)
@@ -185,7 +185,7 @@ def test_damaged_cache_databases_are_rebuilt(tmp_path: Path):
         assert r.headers["X-LLMD-Cache"] == "miss"  # the old responses are gone, not an error
         assert httpx.get(d.url + "/llmd/cache").status_code == 200
         assert (home / "cache" / "prefix" / "index.db.corrupt").exists()
-        assert (home / "cache" / "responses.db.corrupt").exists()
+        assert (home / "cache" / "response_cache.db.corrupt").exists()
         assert "damaged" in d.log.read_text()
     finally:
         d.stop()
@@ -262,5 +262,24 @@ def test_a_stream_waiting_for_its_first_token_gets_keep_alives(tmp_path: Path):
         alive = [t for t, line in lines if line.startswith(": keep-alive")]
         assert len(alive) >= 2 and all(b - a < KEEPALIVE_S + 3 for a, b in zip(alive, alive[1:], strict=False)), lines
         assert any("stopped answering" in line for _, line in lines) and lines[-1][1] == "data: [DONE]", lines
+    finally:
+        d.stop()
+
+
+def test_a_step_that_raises_fails_its_request_and_the_worker_serves_on(tmp_path: Path):
+    """LLMD_TEST_CRASH=raise: a decode of a long prompt raises (a bug's stand-in). Only that request
+    fails, with a message saying so; the same worker answers the next request."""
+    d = Daemon(tmp_path / "home", env={"LLMD_TEST_CRASH": "raise"}).start()
+    try:
+        with d.client() as c:
+            pid = c.get("/llmd/status").json()["loaded"][0]["pid"]
+            r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "word " * 150}],
+                                                     "max_tokens": 4})
+            assert r.status_code == 500 and "goes on serving" in r.json()["error"]["message"], r.text
+            ok = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+            assert ok.status_code == 200, ok.text
+            st = c.get("/llmd/status").json()
+            assert st["loaded"][0]["pid"] == pid and st["worker_crashes"] == 0
+        assert "an engine step failed" in d.log.read_text()
     finally:
         d.stop()

@@ -61,3 +61,25 @@ def test_tools_render_as_transformers_does():
     text = ChatTemplate(src, "", "").render([{"role": "user", "content": "x"}], tools=tools)
     assert text.startswith('{"type": "function", "function": {"name": "f", "description": "a < b"}}\n')
     assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' in text
+
+
+@pytest.mark.parametrize("payload", [
+    # CVE-2024-56326: str.format reached indirectly, then called outside the sandbox's check
+    '{% set f = "{0.__class__.__mro__[1].__subclasses__}".format %}{{ f(messages) }}',
+    # CVE-2025-27516: the attr filter hands out str.format
+    '{{ "{0.__class__.__mro__[1].__subclasses__}"|attr("format")(messages) }}',
+])
+def test_published_sandbox_escapes_are_refused(payload: str):
+    with pytest.raises(BadRequest) as e:
+        ChatTemplate(payload, "", "").render([{"role": "user", "content": "x"}])
+    assert "subclasses" not in str(e.value).split("refused")[0] and "<class" not in str(e.value)
+
+
+def test_a_template_that_would_run_forever_or_grow_without_bound_is_stopped():
+    loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    with pytest.raises(BadRequest, match="bound"):
+        ChatTemplate(loops, "", "").render([{"role": "user", "content": "x"}])
+    huge = "{% for i in range(1000000) %}" + "x" * 100 + "{% endfor %}"
+    with pytest.raises(BadRequest, match="characters|bound"):
+        ChatTemplate(huge, "", "").render([{"role": "user", "content": "x"}])
+    assert ChatTemplate("{% for i in range(3) %}{{ i }}{% endfor %}", "", "").render([]) == "012"

@@ -30,3 +30,17 @@ def test_bad_values_are_refused_with_the_variable_named(var: str, value: str):
     with pytest.raises(ValueError) as e:
         load_settings(env={var: value})
     assert var.removeprefix("LLMD_").lower() in str(e.value).lower()
+
+
+def test_the_response_cache_file_keeps_its_contents_under_its_new_name(tmp_path):
+    """cache/responses.db (and its WAL) became cache/response_cache.db: moved once at start."""
+    from llmd.config import Paths
+
+    paths = Paths.resolve(str(tmp_path))
+    paths.cache.mkdir(parents=True)
+    (paths.cache / "responses.db").write_bytes(b"sqlite")
+    (paths.cache / "responses.db-wal").write_bytes(b"wal")
+    paths.ensure()
+    assert paths.response_cache_db.read_bytes() == b"sqlite" and not (paths.cache / "responses.db").exists()
+    assert (paths.cache / "response_cache.db-wal").read_bytes() == b"wal"
+    assert paths.responses_api_db.parent == paths.data  # the Responses API's store is data, not cache

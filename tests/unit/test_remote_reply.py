@@ -1,14 +1,14 @@
-"""The remote relay's reading of an upstream's streamed chat deltas (backends/remote/handle.py)."""
+"""The remote relay's reading of an upstream's streamed chat deltas (backends/remote/reply.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmd.backends.remote.handle import _Reply, upstream_messages
+from llmd.backends.remote.reply import Reply, upstream_messages
 from llmd.errors import UpstreamError
 
 
-def _feed(reply: _Reply, *deltas: dict) -> list[tuple[str, tuple]]:
+def _feed(reply: Reply, *deltas: dict) -> list[tuple[str, tuple]]:
     out = []
     for d in deltas:
         out += reply.add({"index": 0, "delta": d})
@@ -16,17 +16,17 @@ def _feed(reply: _Reply, *deltas: dict) -> list[tuple[str, tuple]]:
 
 
 def test_reasoning_becomes_a_think_block_and_content_follows():
-    r = _Reply("http://up", chat=True)
+    r = Reply("http://up", chat=True)
     pieces = _feed(r, {"reasoning_content": "a"}, {"reasoning": "b"}, {"content": "Hi"}, {"content": "!"})
     assert [t for t, _ in pieces] == ["<think>a", "b", "</think>Hi", "!"]
     assert r.end(cut=False) == ("", ())
-    open_think = _Reply("http://up", chat=True)
+    open_think = Reply("http://up", chat=True)
     _feed(open_think, {"reasoning_content": "only thinking"})
     assert open_think.end(cut=False)[0] == "</think>"  # closed at the end, nothing left open
 
 
 def test_calls_are_joined_by_index_and_a_repeated_whole_name_is_not_doubled():
-    r = _Reply("http://up", chat=True)
+    r = Reply("http://up", chat=True)
     _feed(r, {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "get_weather", "arguments": '{"ci'}}]},
           {"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": 'ty": "Oslo"}'}}]},
           {"tool_calls": [{"id": "c2", "function": {"name": "add", "arguments": {"a": 1}}}]})  # no index: by order
@@ -35,23 +35,23 @@ def test_calls_are_joined_by_index_and_a_repeated_whole_name_is_not_doubled():
 
 def test_a_broken_call_is_an_error_unless_max_tokens_cut_it():
     deltas = [{"content": "x"}, {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}]}]
-    r = _Reply("http://up", chat=True)
+    r = Reply("http://up", chat=True)
     _feed(r, *deltas)
     with pytest.raises(UpstreamError, match="http://up"):
         r.end(cut=False)
-    cut = _Reply("http://up", chat=True)
+    cut = Reply("http://up", chat=True)
     _feed(cut, *deltas)
     assert cut.end(cut=True) == ('{"name": "f", "arguments": {"a"', ())
 
 
 def test_logprobs_of_both_shapes():
     lp = {"content": [{"token": "Hi", "logprob": -0.5, "top_logprobs": [{"token": "Hi", "logprob": -0.5}]}]}
-    chat = _Reply("http://up", chat=True).add({"delta": {"content": "Hi"}, "logprobs": lp})
+    chat = Reply("http://up", chat=True).add({"delta": {"content": "Hi"}, "logprobs": lp})
     assert chat == [("Hi", (("Hi", -0.5, (("Hi", -0.5),)),))]
     legacy = {"tokens": ["A", "B"], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{"A": -0.1}, {"B": -0.2}]}
-    comp = _Reply("http://up", chat=False).add({"text": "AB", "logprobs": legacy})
+    comp = Reply("http://up", chat=False).add({"text": "AB", "logprobs": legacy})
     assert comp == [("AB", (("A", -0.1, (("A", -0.1),)), ("B", -0.2, (("B", -0.2),))))]
-    assert _Reply("http://up", chat=False).add({"text": "AB", "logprobs": lp})[0][1][0][0] == "Hi"
+    assert Reply("http://up", chat=False).add({"text": "AB", "logprobs": lp})[0][1][0][0] == "Hi"
 
 
 def test_an_ollama_history_gets_ids_that_pair_results_with_calls():

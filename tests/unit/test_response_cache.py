@@ -76,3 +76,13 @@ def test_a_cache_made_before_tool_calls_were_stored_opens_and_serves(tmp_path: P
     old.conn.close()
     hit = ResponseCache(tmp_path / "r.db").get("k")
     assert hit is not None and hit.pieces == ["hi"] and hit.tool_calls == ()
+
+
+def test_how_the_daemon_serves_is_in_the_key():
+    r = req(sampling=Sampling(temperature=0))
+    fast = cache_key(r, MODEL, "llama.cpp", {"policy": "fast", "gpu_layers": -1, "llama_cpp": "0.3.36"})
+    assert cache_key(r, MODEL, "llama.cpp", {"policy": "exact", "gpu_layers": -1, "llama_cpp": "0.3.36"}) != fast
+    assert cache_key(r, MODEL, "llama.cpp", {"policy": "fast", "gpu_layers": -1, "llama_cpp": "0.3.37"}) != fast
+    assert cache_key(r, MODEL, "llama.cpp", {"policy": "fast", "gpu_layers": 10, "llama_cpp": "0.3.36"}) != fast
+    assert cache_key(r, MODEL, "llama.cpp", {"policy": "fast", "gpu_layers": -1, "llama_cpp": "0.3.36",
+                                            "n_ctx": 8192}) != fast

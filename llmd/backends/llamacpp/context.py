@@ -74,12 +74,15 @@ class Decoder:
         mode = os.environ.get(CRASH_ENV, "")
         self._crash = mode == "always" or (mode == "repack" and repack)
         self._hang = mode == "hang"  # a kernel that never returns, on prompts longer than warm-up's
+        self._raise = mode == "raise"  # a decode that raises (a bug's stand-in), on the same prompts
 
     def __call__(self, batch: Any) -> int:
         if self._crash and batch.n_tokens > 1:
             os.kill(os.getpid(), signal.SIGSEGV)  # as the AMX kernels do (test switch only)
         if self._hang and batch.n_tokens > 100:
             time.sleep(3600)
+        if self._raise and batch.n_tokens > 100:
+            raise RuntimeError("test switch: a decode that fails")
         return int(self._decode(self.ctx, batch))
 
 

@@ -244,6 +244,11 @@ class LlamaCppEngine:
             "profile": self.profiler.summary(),
         }
 
+    def clear_caches(self) -> dict[str, Any]:
+        if self.prefix is None:
+            return {"prefixes_cleared": 0, "namespace": ""}
+        return {"prefixes_cleared": self.prefix.clear(), "namespace": self.prefix.ns}
+
     def close(self) -> None:
         """Save what the prefix cache still wants, wait for its writes, then free everything."""
         L = self._L
@@ -272,6 +277,21 @@ class LlamaCppEngine:
     # ---- the step loop ----------------------------------------------------------------------
 
     def step(self) -> list[Event]:
+        """One step of the loop. An unexpected failure in it (a bug, a llama.cpp error) fails the
+        requests in the slots, whose KV may be half written, and the engine goes on serving the
+        queued and the next ones: a worker that died would take every stream with it."""
+        try:
+            return self._step()
+        except Exception as e:
+            held = [s for s in self.slots if s.active is not None]
+            log.exception("an engine step failed; failing the %d requests it held and serving on", len(held))
+            events: list[Event] = []
+            for slot in held:
+                self._fail(slot, events, f"the engine failed during this request ({type(e).__name__}: {e}); "
+                                         "the model goes on serving: retry the request")
+            return events
+
+    def _step(self) -> list[Event]:
         t0 = time.perf_counter()
         events: list[Event] = []
         self._choose_threads()

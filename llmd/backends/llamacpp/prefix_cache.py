@@ -222,6 +222,19 @@ class PrefixCache:
         return {**self.stats, "enabled": self.enabled, "memory_entries": len(self._ram),
                 "memory_bytes": self._ram_used}
 
+    def clear(self) -> int:
+        """Forget every entry of this namespace, in memory and on disk (after the writes in flight,
+        in the reader's thread so no read of this worker meets a file going away). Entries."""
+        n = len(self._ram)
+        self._ram.clear()
+        self._ram_blocks.clear()
+        self._ram_used = 0
+        if self.writer is not None:
+            self.writer.discard()
+        if self.reader is not None:
+            n += self.reader.run(lambda store: store.clear(self.ns)).result()
+        return n
+
     def close(self) -> None:
         """Write every pending snapshot to disk (a graceful shutdown loses none)."""
         if self.reader is not None:

@@ -22,7 +22,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,13 +190,21 @@ class PrefixStore:
         hits = self.db.execute("select coalesce(sum(hits), 0) from entries").fetchone()[0]
         return {"entries": n, "bytes": size, "max_bytes": self.max_bytes, "entry_hits": hits}
 
-    def clear(self) -> int:
-        ids = [r[0] for r in self.db.execute("select id from entries").fetchall()]
-        for entry in ids:
-            self.drop(entry)
-        for stray in self.root.glob("*.kv"):
-            stray.unlink(missing_ok=True)
-        return len(ids)
+    def clear(self, ns: str | None = None, keep: Collection[str] = ()) -> int:
+        """Drop the entries of namespace `ns` (all but those of `keep` when None; then also files the
+        index does not know). A worker clears its own namespace; the daemon the rest."""
+        if ns is not None:
+            rows = self.db.execute("select id from entries where namespace = ?", [ns]).fetchall()
+        else:
+            rows = [r for r in self.db.execute("select id, namespace from entries").fetchall() if r[1] not in keep]
+        for r in rows:
+            self.drop(r[0])
+        if ns is None and not keep:  # no worker is writing: files the index does not know are strays
+            known = {r[0] for r in self.db.execute("select id from entries").fetchall()}
+            for stray in self.root.glob("*.kv"):
+                if stray.stem not in known:
+                    stray.unlink(missing_ok=True)
+        return len(rows)
 
 
 class PrefixWriter:
@@ -229,6 +237,13 @@ class PrefixWriter:
     def busy(self) -> bool:
         """Snapshots queued or being written (its disk and CPU use are llmd's idle work too)."""
         return bool(self._jobs) or self._writing
+
+    def discard(self) -> None:
+        """Drop the snapshots not written yet and wait for the one being written (a clear follows)."""
+        with self._cv:
+            self._jobs.clear()
+        while self._writing:
+            time.sleep(0.01)
 
     def close(self, timeout: float = 10.0) -> None:
         with self._cv:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,13 +31,13 @@ from llmd.backends.base import (
     Event,
     FinalEvent,
     GenerationRequest,
-    StructuredCall,
     TokenEvent,
     Usage,
 )
+from llmd.backends.remote.reply import DONE, Reply, error_of, event_of, request_body, unit_vectors
 from llmd.backends.remote.spec import RemoteSpec
 from llmd.backends.remote.upstream import HEALTH_S, Upstream, read_key
-from llmd.errors import BadRequest, LlmdError, ModelNotFound, ModelUnavailable, UpstreamError
+from llmd.errors import LlmdError, ModelUnavailable, UpstreamError
 
 log = logging.getLogger("llmd.remote")
 CONNECT_S = 5.0
@@ -74,113 +72,13 @@ class _Unreachable(Exception):
     """The upstream could not be reached before it answered anything: try the next one."""
 
 
-def upstream_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The history as OpenAI's API takes it: every call has an id and every tool result the id of
-    the call it answers. Ollama's clients send neither (a result names its tool): a call without
-    an id gets one, and a result the first unanswered call of its tool's name (else of any)."""
-    out: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []  # calls of the last assistant turn not answered yet
-    for turn, m in enumerate(messages):
-        if m.get("role") == "assistant" and m.get("tool_calls"):
-            calls = [c if c.get("id") else {**c, "id": f"call_{turn}_{k}"} for k, c in enumerate(m["tool_calls"])]
-            m = {**m, "tool_calls": calls}
-            pending = list(calls)
-        elif m.get("role") == "tool":
-            match = next((c for c in pending if c["id"] == m.get("tool_call_id")), None)
-            if match is None and pending:
-                named = [c for c in pending if (c.get("function") or {}).get("name") == m.get("name")]
-                match = (named or pending)[0]
-                m = {**m, "tool_call_id": match["id"]}
-            if match is not None:
-                pending.remove(match)
-        out.append(m)
-    return out
-
-
-class _Reply:
-    """One streamed reply as the upstream sends it, turned into llmd's pieces: content, reasoning as
-    a <think> block, logprobs, and the tool calls assembled from their deltas (handed out at the end)."""
-
-    def __init__(self, url: str, chat: bool) -> None:
-        self.url = url
-        self.chat = chat
-        self.thinking = False
-        self.calls: dict[int, dict[str, str]] = {}
-
-    def add(self, choice: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
-        if not self.chat:
-            return [(choice["text"], _completion_logprobs(choice.get("logprobs")))] if choice.get("text") else []
-        delta = choice.get("delta") or choice.get("message") or {}
-        out: list[tuple[str, tuple[Any, ...]]] = []
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(reasoning, str) and reasoning:
-            out.append((("" if self.thinking else "<think>") + reasoning, ()))
-            self.thinking = True
-        content = delta.get("content")
-        logprobs = _chat_logprobs(choice.get("logprobs"))
-        if (isinstance(content, str) and content) or logprobs:
-            out.append((("</think>" if self.thinking else "") + (content or ""), logprobs))
-            self.thinking = False
-        for c in delta.get("tool_calls") or []:
-            index = c.get("index")
-            if not isinstance(index, int):  # no index: a new id starts a call, else it goes on the last
-                last = max(self.calls, default=-1)
-                index = last + 1 if last < 0 or (c.get("id") and c["id"] != self.calls[last]["id"]) else last
-            call = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-            fn = c.get("function") or {}
-            call["id"] = c.get("id") or call["id"]
-            name = fn.get("name") or ""
-            if name != call["name"]:  # a name in pieces is joined; one sent again whole is not doubled
-                call["name"] += name
-            args = fn.get("arguments")
-            call["arguments"] += args if isinstance(args, str) else json.dumps(args) if args is not None else ""
-        return out
-
-    def end(self, cut: bool) -> tuple[str, tuple[StructuredCall, ...]]:
-        """Text still owed (a think block left open) and the calls, each checked. A call cut short by
-        max_tokens (`cut`) whose arguments are not whole is passed on as the text it is, as a local
-        model's would be: the reply says "length", and nothing is dropped."""
-        text = "</think>" if self.thinking else ""
-        calls = []
-        for index in sorted(self.calls):
-            c = self.calls[index]
-            args = c["arguments"].strip() or "{}"
-            try:
-                parsed = json.loads(args)
-            except ValueError:
-                parsed = None
-            if cut and not isinstance(parsed, dict):
-                text += f'{{"name": {json.dumps(c["name"])}, "arguments": {c["arguments"]}'
-                continue
-            if not c["name"] or not isinstance(parsed, dict):
-                raise UpstreamError(f"the upstream {self.url} sent a tool call that llmd cannot pass on (name "
-                                    f"{c['name']!r}, arguments {args[:200]!r}: not a JSON object)")
-            calls.append((c["id"] or "call_" + uuid.uuid4().hex[:24], c["name"], args))
-        return text, tuple(calls)
-
-
-def _chat_logprobs(lp: Any) -> tuple[Any, ...]:
-    if not isinstance(lp, dict) or not lp.get("content"):
-        return ()
-    return tuple((e["token"], float(e["logprob"]), tuple((t["token"], float(t["logprob"]))
-                                                          for t in e.get("top_logprobs") or []))
-                 for e in lp["content"])
-
-
-def _completion_logprobs(lp: Any) -> tuple[Any, ...]:
-    if isinstance(lp, dict) and lp.get("content"):  # llama-server answers completions in the chat shape
-        return _chat_logprobs(lp)
-    if not isinstance(lp, dict) or not lp.get("tokens"):
-        return ()
-    tops = lp.get("top_logprobs") or [None] * len(lp["tokens"])
-    return tuple((tok, float(p), tuple((t, float(q)) for t, q in (top or {}).items()))
-                 for tok, p, top in zip(lp["tokens"], lp.get("token_logprobs") or [], tops, strict=False))
-
-
 class RemoteHandle:
+    """A remote model (a backends.base.Handle): requests relayed to its upstreams, no process here."""
+
     backend = "remote"
     remote = True
     pid = None
+    hung_for = None  # no process to hang: each request has its own timeouts
 
     def __init__(self, spec: RemoteSpec, cfg: EngineConfig, loop: asyncio.AbstractEventLoop,
                  read_s: float = 120.0) -> None:
@@ -203,7 +101,7 @@ class RemoteHandle:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._health: asyncio.Task[None] | None = None
 
-    # ---- what the scheduler and routes use (WorkerHandle's shape) ------------------------------
+    # ---- the Handle contract (backends/base.py) ---------------------------------------------------
 
     @property
     def label(self) -> str:
@@ -253,6 +151,9 @@ class RemoteHandle:
         return {"slots_busy": sum(u.in_flight for u in self.upstreams), "waiting": 0, "kind": self.spec.kind,
                 "upstream_model": self.spec.upstream_model, "upstreams": [u.as_dict() for u in self.upstreams],
                 "fallback": self.spec.fallback}
+
+    async def clear_caches(self, timeout: float = 60.0) -> dict[str, Any]:
+        return {"prefixes_cleared": 0, "namespace": ""}  # nothing of it is kept here
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Called from a thread (as a worker's is): the closing runs on the event loop."""
@@ -309,40 +210,6 @@ class RemoteHandle:
         finally:
             self._tasks.pop(req.id, None)
 
-    def _body(self, req: GenerationRequest) -> dict[str, Any]:
-        s = req.sampling
-        body: dict[str, Any] = {"model": self.spec.upstream_model, "stream": True,
-                                "stream_options": {"include_usage": True}, "temperature": s.temperature}
-        if req.messages is not None:
-            body["messages"] = upstream_messages(req.messages)
-        else:
-            body["prompt"] = req.prompt or ""
-        if req.tools:
-            body["tools"] = req.tools
-            body["tool_choice"] = (req.tool_choice if req.tool_choice in ("auto", "none", "required")
-                                   else {"type": "function", "function": {"name": req.tool_choice}})
-            if not req.parallel_tool_calls:
-                body["parallel_tool_calls"] = False
-        if req.top_logprobs is not None:
-            if req.messages is not None:
-                body.update(logprobs=True, top_logprobs=req.top_logprobs)
-            else:
-                body["logprobs"] = req.top_logprobs
-        if req.max_tokens is not None:
-            body["max_tokens"] = req.max_tokens
-        optional = {"top_p": (s.top_p, 1.0), "top_k": (s.top_k, 0), "min_p": (s.min_p, 0.0),
-                    "presence_penalty": (s.presence_penalty, 0.0), "frequency_penalty": (s.frequency_penalty, 0.0)}
-        body.update({k: v for k, (v, default) in optional.items() if v != default})
-        if s.repeat_penalty != 1.0:  # not in OpenAI's API: each engine's own name
-            body["repetition_penalty" if self.spec.kind in ("vllm", "sglang") else "repeat_penalty"] = s.repeat_penalty
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if req.stop:
-            body["stop"] = list(req.stop)
-        if req.response_format is not None:
-            body["response_format"] = req.response_format
-        return body
-
     async def _generate(self, up: Upstream, req: GenerationRequest, queue: asyncio.Queue[Event]) -> None:
         chat = req.messages is not None
         url = up.url + ("/v1/chat/completions" if chat else "/v1/completions")
@@ -351,41 +218,27 @@ class RemoteHandle:
         n = 0
         finish: str | None = None
         usage: dict[str, Any] = {}
-        reply = _Reply(up.url, chat)
+        reply = Reply(up.url, chat)
         up.in_flight += 1
         try:
             try:
-                r = await self.client.post(url, json=self._body(req), headers=self._headers())
+                r = await self.client.post(url, json=request_body(req, self.spec), headers=self._headers())
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 raise _Unreachable(_why(e)) from e  # nothing was sent: the next may serve it
             try:
                 if r.status != 200:
-                    raise self._error_of(up, r.status, (await r.read())[:4000])
+                    raise error_of(self.spec, up.url, r.status, (await r.read())[:4000])
                 lines = _lines(r.content)
                 async for line in lines:
-                    if not line.strip() or line.startswith(":"):
+                    chunk = event_of(line, up.url)
+                    if chunk is None:
                         continue
-                    if not line.startswith("data:"):
-                        raise UpstreamError(f"the upstream {up.url} sent a malformed event stream ({line[:120]!r}); "
-                                            "is it an OpenAI-compatible server?")
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    if chunk is DONE:
                         # read to the end of the body (its last chunk follows), so the connection
                         # goes back to the pool instead of being closed: no new connect per request
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(_drain(lines), DRAIN_S)
                         break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise UpstreamError(f"the upstream {up.url} sent an event that is not JSON ({data[:120]!r})"
-                                            ) from None
-                    if not isinstance(chunk, dict):
-                        raise UpstreamError(f"the upstream {up.url} sent an event that is not an object ({data[:120]!r})")
-                    if chunk.get("error"):
-                        err = chunk["error"]
-                        raise UpstreamError(f"the upstream {up.url} failed: "
-                                            f"{err.get('message') if isinstance(err, dict) else err}")
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or []:
                         pieces = reply.add(choice)
@@ -433,35 +286,10 @@ class RemoteHandle:
         except aiohttp.ClientError as e:
             raise UpstreamError(f"the upstream {up.url} failed: {_why(e)}") from e
         if status != 200:
-            raise self._error_of(up, status, raw[:4000])
-        try:
-            data = sorted(json.loads(raw)["data"], key=lambda d: d["index"])
-            vectors = [np.asarray(d["embedding"], dtype=np.float32) for d in data]
-        except (ValueError, KeyError, TypeError) as e:
-            raise UpstreamError(f"the upstream {up.url} answered embeddings in an unknown shape: {e}") from e
-        unit = [v / (float(np.linalg.norm(v)) or 1.0) for v in vectors]
+            raise error_of(self.spec, up.url, status, raw[:4000])
+        unit = unit_vectors(raw, up.url)
         await queue.put(EmbedResult(req.id, tuple(v.astype(np.float32).tobytes() for v in unit),
                                      tuple(0 for _ in unit), int(unit[0].shape[0]) if unit else 0))
-
-    def _error_of(self, up: Upstream, status: int, raw: bytes) -> LlmdError:
-        try:
-            err = json.loads(raw).get("error", raw.decode("utf-8", "replace"))
-            message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-        except (ValueError, AttributeError):
-            message = raw.decode("utf-8", "replace")
-        message = message.strip()[:500] or f"HTTP {status}"
-        where = f"the upstream {up.url} ({self.spec.kind})"
-        if status in (401, 403):
-            src = self.spec.api_key_env or self.spec.api_key_file or "no key configured"
-            return UpstreamError(f"{where} refused llmd's credentials (HTTP {status}: {message}); check the API key "
-                                 f"({src})")
-        if status == 404:
-            return ModelNotFound(f"{where} answered 404 for {self.spec.upstream_model!r}: {message}", "model")
-        if status == 429:
-            return UpstreamError(f"{where} is overloaded (HTTP 429: {message}); retry shortly")
-        if 400 <= status < 500:
-            return BadRequest(f"{where} refused the request (HTTP {status}): {message}")
-        return UpstreamError(f"{where} failed (HTTP {status}): {message}")
 
     async def _check_all(self) -> None:
         try:

@@ -411,6 +411,9 @@ class TensorRTEngine:
     def stats(self) -> dict[str, Any]:
         return {"slots_busy": len(self._active), "slots": self.cfg.n_slots, "waiting": 0}
 
+    def clear_caches(self) -> dict[str, Any]:
+        return {"prefixes_cleared": 0, "namespace": ""}  # TensorRT-LLM's KV reuse lives and ends with the LLM
+
     def close(self) -> None:
         try:
             asyncio.run_coroutine_threadsafe(asyncio.to_thread(self.llm.shutdown), self._loop).result(60)

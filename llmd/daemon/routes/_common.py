@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -17,8 +18,10 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
+from llmd.backends.repack import llama_cpp_version
 from llmd.chat.formats import STRUCTURED, ChatFormat, detect
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
+from llmd.daemon.scheduler import Admission
 from llmd.errors import BadRequest, ClientGone, LlmdError
 from llmd.models.hub import is_hub_ref
 
@@ -150,7 +153,7 @@ class Run:
     events: AsyncIterator[Event]
     first: Event | None  # None while `pending` (a stream that started before its first event)
     t_start: float
-    timing: dict[str, float] = field(default_factory=dict)
+    admission: Admission = field(default_factory=Admission)
     cache: str = "bypass"  # X-LLMD-Cache: hit | miss | bypass
     cache_key: str | None = None
     text: list[str] = field(default_factory=list)
@@ -228,7 +231,7 @@ class Run:
     def answered_by(self) -> str:
         """The model whose output this reply is: a remote model's local fallback when it answered
         (its text is parsed in that model's own chat format)."""
-        if self.timing.get("fallback") and self.request is not None:
+        if self.admission.fallback and self.request is not None:
             spec = json.loads(self.request.app.state.registry.get(self.model).get("remote") or "{}")
             return str(spec.get("fallback") or self.model)
         return self.model
@@ -244,7 +247,7 @@ class Run:
     @property
     def headers(self) -> dict[str, str]:
         out = {"X-LLMD-Cache": self.cache}
-        if self.timing.get("fallback") and self.request is not None:
+        if self.admission.fallback and self.request is not None:
             out["X-LLMD-Fallback"] = f"{self.answered_by} (every upstream of {self.model} is down)"
         if self.dropped:
             out["X-LLMD-Dropped-Messages"] = str(self.dropped)
@@ -327,17 +330,17 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
 
 async def _start(request: Request, model: str | None, req: GenerationRequest, wait: float | None) -> Run:
     scheduler = request.app.state.scheduler
-    scheduler.preparing += 1  # lets the engine hold its next batch for requests arriving together
-    timing: dict[str, float] = {}
+    scheduler.preparing += 1  # the batching hint (scheduler.Admission)
+    admission = Admission()
     try:
-        return await _prepare_run(request, model, req, timing, wait)
+        return await _prepare_run(request, model, req, admission, wait)
     finally:
-        if not timing.get("submitted"):
+        if not admission.submitted:
             scheduler.preparing -= 1
 
 
 async def _prepare_run(request: Request, model: str | None, req: GenerationRequest,
-                       timing: dict[str, float], wait: float | None) -> Run:
+                       admission: Admission, wait: float | None) -> Run:
     """Answer from the response cache, or submit and wait for the first event, so that errors
     become a 4xx/5xx before any body is sent."""
     state = request.app.state
@@ -351,7 +354,7 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     status = "bypass"
     no_store = "no-store" in request.headers.get("cache-control", "").lower()
     if cache is not None and not no_store and cacheable(req):
-        key = cache_key(req, state.registry.get(name), engine_of(request, name))
+        key = cache_key(req, state.registry.get(name), engine_of(request, name), _served(request, name, req))
         hit = await asyncio.to_thread(cache.get, key)  # SQLite off the event loop
         if hit is not None:
             events = _replay(req, hit)
@@ -359,7 +362,7 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
         status = "miss"
     elif cache is not None:
         cache.bypasses += 1
-    events = scheduler.generate(name, req, timing)
+    events = scheduler.generate(name, req, admission)
     coming: asyncio.Future[Event] = asyncio.ensure_future(events.__anext__())
     try:
         await asyncio.wait({coming}, timeout=wait)
@@ -367,18 +370,32 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
         coming.cancel()
         raise
     done = coming.done()
-    run = Run(req, name, events, coming.result() if done else None, t_start, timing, cache=status, cache_key=key,
+    run = Run(req, name, events, coming.result() if done else None, t_start, admission, cache=status, cache_key=key,
               request=request, pending=None if done else coming)
     if key is not None:
         run.on_done = lambda r: asyncio.get_running_loop().run_in_executor(None, _store, cache, r)
     return run
 
 
+def _served(request: Request, name: str, req: GenerationRequest) -> dict[str, Any]:
+    """What of the daemon's own setup changes a reply (the response cache's key holds it)."""
+    s = request.app.state.settings
+    out: dict[str, Any] = {"policy": "exact" if s.exact else "fast", "gpu_layers": s.gpu_layers,
+                           "llama_cpp": _llama_cpp_version()}
+    if req.max_tokens is None:  # the reply may run to the context's end: which context counts
+        worker = request.app.state.scheduler.workers.get(name)
+        out["n_ctx"] = worker.cfg.n_ctx if worker is not None and worker.cfg is not None else s.ctx
+    return out
+
+
+_llama_cpp_version = functools.cache(llama_cpp_version)  # read once: the package cannot change under us
+
+
 def _store(cache: Any, run: Run) -> None:
     final = run.final
     if final is None or final.finish_reason not in ("stop", "length") or run.cache_key is None:
         return
-    if run.timing.get("fallback"):  # another model's reply: not the remote model's to replay
+    if run.admission.fallback:  # another model's reply: not the remote model's to replay
         return
     try:
         cache.put(run.cache_key, run.model, run.text, final.finish_reason, final.usage, run.tool_calls)

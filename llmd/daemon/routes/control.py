@@ -212,9 +212,10 @@ async def cache_stats(request: Request) -> Response:
     rc = request.app.state.response_cache
     engines = {m["name"]: (m.get("stats") or {}).get("prefix_cache")
                for m in (await request.app.state.scheduler.status())["loaded"]}
+    store = await asyncio.to_thread(lambda: _prefix_store(request).stats())  # SQLite off the event loop
     return JSONResponse({
-        "responses": rc.stats() if rc is not None else {"enabled": False},
-        "prefixes": {**_prefix_store(request).stats(), "engines": engines},
+        "responses": await asyncio.to_thread(rc.stats) if rc is not None else {"enabled": False},
+        "prefixes": {**store, "engines": engines},
     })
 
 
@@ -222,11 +223,26 @@ async def cache_clear(request: Request) -> Response:
     _authorize(request)
     body = await parse_body(request, ClearCacheBody) if await request.body() else ClearCacheBody()
     rc = request.app.state.response_cache
-    out = {}
+    out: dict[str, Any] = {}
     if body.responses and rc is not None:
-        out["responses_cleared"] = rc.clear()
+        out["responses_cleared"] = await asyncio.to_thread(rc.clear)  # file work off the event loop
     if body.prefixes:
-        out["prefixes_cleared"] = _prefix_store(request).clear()
+        # each running engine clears its own entries (between its steps: no file goes away under a
+        # read of its own); the daemon then removes those of models no worker serves now
+        cleared, keep, silent = 0, set(), []
+        for name, handle in list(request.app.state.scheduler.workers.items()):
+            got = await handle.clear_caches()
+            if not got and not handle.remote:
+                silent.append(name)
+            cleared += int(got.get("prefixes_cleared", 0))
+            if got.get("namespace"):
+                keep.add(got["namespace"])
+        if silent:  # its namespace is unknown: the rest stays rather than be removed under it
+            out["prefixes_note"] = (f"{', '.join(silent)} did not answer; the prefix entries of models not "
+                                    "loaded were kept: clear again when it is idle")
+        else:
+            cleared += await asyncio.to_thread(lambda: _prefix_store(request).clear(None, keep))
+        out["prefixes_cleared"] = cleared
     return JSONResponse(out)
 
 

@@ -168,7 +168,7 @@ def _final_fields(run: Run) -> dict[str, Any]:
         "done": True,
         "done_reason": "length" if run.final.finish_reason == "length" else "stop",
         "total_duration": int((time.perf_counter() - run.t_start) * 1e9),
-        "load_duration": int(run.timing.get("load_s", 0.0) * 1e9),
+        "load_duration": int(run.admission.load_s * 1e9),
         "prompt_eval_count": u.prompt_tokens,
         "prompt_eval_duration": int(u.prefill_s * 1e9),
         "eval_count": u.completion_tokens,
