@@ -167,6 +167,8 @@ class Settings:
     repack: str = "auto"
     kl_warn: float = 0.05
     hang_s: float = 120.0
+    load_timeout_s: float = 600.0
+    max_queue_model: int = 32
     remote_read_s: float = 120.0
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
@@ -230,6 +232,10 @@ SETTINGS: tuple[Setting, ...] = (
             "off: the reply ends with an error naming it, and it is marked down"),
     Setting("hang_s", "a worker with requests open that sends nothing (not even its heartbeat) this many "
             "seconds is stopped and replaced; its requests get an error"),
+    Setting("load_timeout_s", "a model load that takes longer is stopped: its requests get 503 with the "
+            "reason, and the model is not started again until asked for (`llmd use`)"),
+    Setting("max_queue_model", "requests one model may hold (running, queued or waiting for its load) "
+            "before its new ones get 503, so one slow model cannot take every admission"),
 )
 
 _FIELDS = {f.name: f for f in fields(Settings)}
@@ -261,7 +267,8 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
     fixed_ctx(settings.ctx)
     if settings.repack not in ("auto", "on", "off"):
         raise ValueError(f"LLMD_REPACK={settings.repack!r}: use auto, on or off")
-    for name in ("port", "slots", "chunk", "max_queue", "max_body", "max_loaded", "prefill_budget"):
+    for name in ("port", "slots", "chunk", "max_queue", "max_body", "max_loaded", "prefill_budget",
+                 "load_timeout_s", "max_queue_model"):
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")
     return settings

@@ -78,6 +78,15 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
     last_sent = time.monotonic()
     if urgent is not None:  # set by the daemon with each new request: idle work yields to it at once
         engine.interrupt = urgent.is_set
+
+    def heartbeat() -> None:  # inside a long call (embeddings): busy, not hung
+        nonlocal last_sent
+        if time.monotonic() - last_sent > HEARTBEAT_S:
+            conn.send([])
+            last_sent = time.monotonic()
+
+    if hasattr(engine, "heartbeat"):
+        engine.heartbeat = heartbeat
     try:
         while True:
             idle = not engine.has_work()

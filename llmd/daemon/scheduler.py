@@ -336,7 +336,16 @@ class Scheduler:
         raised as EngineCrashed with .signal set when a signal killed it."""
         worker = await self._take_standby(cfg, backend)
         try:
-            await worker.wait_loaded()
+            try:
+                await asyncio.wait_for(worker.wait_loaded(), self.settings.load_timeout_s)
+            except asyncio.TimeoutError:
+                why = (f"loading {cfg.model_name} took over {self.settings.load_timeout_s:g} s (LLMD_LOAD_TIMEOUT_S) "
+                       "and was stopped; check the model file and the machine's load, then `llmd use "
+                       f"{cfg.model_name}` to try again")
+                log.error("%s", why)
+                worker.process.kill()  # it would not read a Shutdown while stuck in its load
+                self.unavailable[cfg.model_name] = why
+                raise ModelUnavailable(why) from None
         except EngineCrashed as e:
             await asyncio.to_thread(worker.shutdown)
             code = worker.process.exitcode
@@ -529,9 +538,16 @@ class Scheduler:
                 f"{self.settings.slots} slots + {self.settings.max_queue} queued); retry shortly",
                 retry_after=1,
             )
+        name = model or self.active_model
+        held = self.state(name).users
+        if held >= self.settings.max_queue_model:
+            raise Overloaded(
+                f"{held} requests are running or waiting for {name} (limit {self.settings.max_queue_model} per model, "
+                f"LLMD_MAX_QUEUE_MODEL){' while it loads' if name in self._loads else ''}; retry shortly",
+                retry_after=1,
+            )
         self.in_flight += 1
         self.touch()
-        name = model or self.active_model
         self.state(name).users += 1
         users = [name]  # models this request holds loaded (a remote model's fallback too)
         try:

@@ -255,7 +255,7 @@ def test_concurrent_writers_and_size_bounds(tmp_path: Path):
         (d.home / "cache" / "prefix" / "foreign.kv").write_bytes(b"kv!")
         r = httpx.post(d.url + "/llmd/cache/clear", json={"responses": True, "prefixes": True}, headers=token(d))
         assert r.status_code == 200 and r.json()["prefixes_cleared"] >= 2, r.text
-        assert httpx.post(d.url + "/llmd/cache/clear").status_code == 401
+        assert httpx.post(d.url + "/llmd/cache/clear", headers={"Authorization": "Bearer nope"}).status_code == 401
         assert httpx.get(d.url + "/llmd/cache").json()["prefixes"]["entries"] == 0
         assert not _entry_files(d)
         assert ask(7).status_code == 200  # the worker goes on serving

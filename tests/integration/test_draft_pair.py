@@ -84,7 +84,8 @@ def test_the_default_mode_is_auto_and_the_tray_route_changes_it(d: Daemon):
         time.sleep(0.2)
     token = (Path(d.env["LLMD_HOME"]) / "config" / "token").read_text().strip()
     auth = {"Authorization": f"Bearer {token}"}
-    assert httpx.post(d.url + "/llmd/speculation", json={"mode": "off"}).status_code == 401
+    assert httpx.post(d.url + "/llmd/speculation", json={"mode": "off"},
+                      headers={"Authorization": "Bearer nope"}).status_code == 401
     assert httpx.post(d.url + "/llmd/speculation", json={"mode": "fast"}, headers=auth).status_code == 400
 
     def drafted(mode: str) -> int:

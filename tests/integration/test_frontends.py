@@ -12,6 +12,7 @@ minutes on two cores (llama.cpp's own speed there; a later run reuses the prefix
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, start_with_models
+from conftest import ARTIFACTS, Daemon, start_with_models
 from recorder import Recorder, summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::ResourceWarning")]
@@ -58,7 +59,11 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) ->
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def assert_clean(r: subprocess.CompletedProcess, rec: Recorder, must_call: str) -> None:
+def assert_clean(r: subprocess.CompletedProcess, rec: Recorder, must_call: str, app: str = "") -> None:
+    if app:  # which routes each app used, for the record (artifacts/frontends.jsonl)
+        ARTIFACTS.mkdir(exist_ok=True)
+        with (ARTIFACTS / "frontends.jsonl").open("a") as f:
+            f.write(json.dumps({"app": app, "exit": r.returncode, **summary(rec), "calls": len(rec.calls)}) + "\n")
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:], summary(rec))
     assert not rec.failed(), summary(rec)
     assert any(must_call in route for route in rec.routes()), summary(rec)
@@ -73,7 +78,7 @@ def test_codex_exec_oss_and_as_a_configured_provider(rec: Recorder, tmp_path: Pa
     # --oss: Codex's Ollama mode (it reads /api/version and needs 0.13.4 or newer, then /v1/responses)
     r = run([*base, "--oss", "--local-provider", "ollama", "-m", QWEN, TASK], work,
             {"CODEX_HOME": str(home), "CODEX_OSS_BASE_URL": rec.url + "/v1"})
-    assert_clean(r, rec, "POST /v1/responses")
+    assert_clean(r, rec, "POST /v1/responses", "codex --oss")
     # a provider in config.toml, as Codex's docs show for any Responses-API server; its tools
     # (function, namespace, custom and the hosted web_search) all reach llmd
     (home / "config.toml").write_text(
@@ -81,7 +86,7 @@ def test_codex_exec_oss_and_as_a_configured_provider(rec: Recorder, tmp_path: Pa
         f'base_url = "{rec.url}/v1"\nwire_api = "responses"\n')
     n = len(rec.calls)
     r = run(base + [TASK], work, {"CODEX_HOME": str(home)})
-    assert_clean(r, rec, "POST /v1/responses")
+    assert_clean(r, rec, "POST /v1/responses", "codex (both runs)")
     assert len(rec.calls) > n
 
 
@@ -96,7 +101,7 @@ def test_opencode_run(rec: Recorder, tmp_path: Path):
     cache = Path.home() / ".cache" / "llmd" / "apps" / "opencode-cache"  # its AI SDK provider, installed once
     r = run([str(BIN / "opencode"), "run", TASK], work,
             {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache), "OPENCODE_DISABLE_AUTOUPDATE": "1"})
-    assert_clean(r, rec, "POST /v1/chat/completions")
+    assert_clean(r, rec, "POST /v1/chat/completions", "opencode")
 
 
 @needs(AIDER)
@@ -111,7 +116,7 @@ def test_aider_edits_a_file(rec: Recorder, tmp_path: Path, provider: str):
              "--no-check-update", "--analytics-disable", "--no-pretty",
              "--message", "Add a function add(a, b) that returns a + b.", str(src)], tmp_path,
             {**env, "HOME": str(tmp_path)})
-    assert_clean(r, rec, "/v1/chat/completions" if provider == "openai" else "/api/chat")
+    assert_clean(r, rec, "/v1/chat/completions" if provider == "openai" else "/api/chat", f"aider ({provider})")
     assert "def add(a, b)" in src.read_text() and "def sub" in src.read_text(), (src.read_text(), r.stdout[-2000:])
 
 

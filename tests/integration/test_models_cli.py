@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -102,11 +103,26 @@ def test_add_validates_and_rm_keeps_the_file(two: Daemon, tmp_path: Path):
     assert "mine" not in llmd(two, "models").stdout
 
 
-def test_control_routes_need_the_token(two: Daemon):
-    r = httpx.post(two.url + "/llmd/models/active", json={"model": GEMMA})
+def test_control_routes_need_the_token_or_the_same_user(two: Daemon):
+    """One rule for every route that changes the daemon or its models (llmd's and Ollama's pull,
+    delete and copy): the token, or a connection from a process of llmd's own user; a browser
+    (a request with an Origin) always needs the token."""
+    r = httpx.post(two.url + "/llmd/models/active", json={"model": GEMMA}, headers={"Origin": "http://127.0.0.1"})
     assert r.status_code == 401 and "token" in r.json()["error"]["message"]
     r = httpx.post(two.url + "/llmd/models/active", json={"model": GEMMA}, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401
+    if os.getuid() == 0 and shutil.which("curl"):  # another user: nobody (as root the test can be)
+        for method, path, body in [("POST", "/llmd/models/active", {"model": GEMMA}),
+                                   ("POST", "/api/copy", {"source": SMOL, "destination": "stolen"}),
+                                   ("DELETE", "/api/delete", {"model": SMOL})]:
+            out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", method,
+                                  "-H", "content-type: application/json", "-d", json.dumps(body), two.url + path],
+                                 user=65534, capture_output=True, text=True, timeout=30)
+            assert out.stdout == "401", (path, out.stdout, out.stderr)
+    r = httpx.post(two.url + "/api/copy", json={"source": SMOL, "destination": "mine-too"})  # this user: no token
+    assert r.status_code == 200, r.text
+    assert "mine-too" in llmd(two, "models").stdout
+    assert llmd(two, "models", "rm", "mine-too").returncode == 0
     assert httpx.get(two.url + "/llmd/status").json()["active_model"] == SMOL
     mode = (two.home / "config" / "token").stat().st_mode & 0o777
     assert mode == 0o600

@@ -168,9 +168,10 @@ def test_requests_running_counts_a_stream_in_flight(obs: Daemon):
     body = {"messages": [{"role": "user", "content": "Count from 1 to 200."}], "max_tokens": 150, "stream": True,
             "temperature": 0}
     with httpx.stream("POST", obs.url + "/v1/chat/completions", json=body, timeout=120) as r:
-        next(r.iter_lines())  # admitted and streaming
+        lines = r.iter_lines()
+        next(lines)  # admitted and streaming
         running = total(scrape(obs), "llmd_requests_running")
-        for _ in r.iter_lines():
+        for _ in lines:
             pass
     assert running == 1
     assert total(scrape(obs), "llmd_requests_running") == 0

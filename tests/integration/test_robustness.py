@@ -283,3 +283,41 @@ def test_a_step_that_raises_fails_its_request_and_the_worker_serves_on(tmp_path:
         assert "an engine step failed" in d.log.read_text()
     finally:
         d.stop()
+
+
+def test_a_load_that_never_returns_times_out_and_one_model_cannot_take_every_admission(tmp_path: Path):
+    """LLMD_TEST_CRASH=hang-load: the model's load never returns. Requests beyond the per-model bound
+    get 503 at once; those waiting get 503 with the reason when LLMD_LOAD_TIMEOUT_S passes, status
+    says why, and the daemon answers throughout."""
+    d = Daemon(tmp_path / "home", env={"LLMD_TEST_CRASH": "hang-load", "LLMD_LOAD_TIMEOUT_S": "6",
+                                       "LLMD_MAX_QUEUE_MODEL": "2", "LLMD_PRELOAD": "0", "LLMD_STANDBY": "0"})
+    d.start(wait_model=False)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    try:
+        with d.client() as c, cf.ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(c.post, "/v1/chat/completions", json=body) for _ in range(2)]
+            time.sleep(1.5)
+            extra = c.post("/v1/chat/completions", json=body)
+            assert extra.status_code == 503 and "limit 2 per model" in extra.json()["error"]["message"], extra.text
+            assert c.get("/llmd/health", timeout=5).status_code == 200
+            for f in waiting:
+                r = f.result(timeout=60)
+                assert r.status_code == 503 and "LLMD_LOAD_TIMEOUT_S" in r.json()["error"]["message"], r.text
+            assert "took over 6 s" in c.get("/llmd/status").json()["unavailable"]["smollm2-135m"]
+    finally:
+        d.stop()
+
+
+def test_a_long_embedding_request_is_busy_not_hung(tmp_path: Path):
+    """Long inputs (one decode each, several seconds apiece on two cores) take longer than
+    LLMD_HANG_S, alone and together: the worker's heartbeat, between inputs and between the
+    operations of each decode, keeps it from being stopped as hung."""
+    d = Daemon(tmp_path / "home", env={"LLMD_HANG_S": "6"}).start()
+    try:
+        words = " ".join(f"w{i % 997}" for i in range(700))  # about 2,000 tokens
+        r = httpx.post(d.url + "/v1/embeddings", json={"input": [f"{i} {words}" for i in range(3)]}, timeout=600)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"]) == 3 and r.json()["usage"]["prompt_tokens"] > 5000
+        assert httpx.get(d.url + "/llmd/status").json()["worker_crashes"] == 0
+    finally:
+        d.stop()

@@ -31,6 +31,8 @@ def load_model(path: str, gpu_layers: int = 0, repack: bool = True, what: str = 
     import llama_cpp as L
     from llama_cpp._logger import set_verbose
 
+    if os.environ.get(CRASH_ENV) == "hang-load":  # test switch: a load that never returns
+        time.sleep(3600)
     L.llama_backend_init()
     set_verbose(False)  # llama.cpp prints every load to stderr otherwise; keep errors
     mp = L.llama_model_default_params()

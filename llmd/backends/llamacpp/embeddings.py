@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import math
+from collections.abc import Callable
 from typing import Any
 
 from llmd.backends.base import EmbedRequest, EmbedResult
@@ -58,11 +59,29 @@ class Embedder:
             toks = toks[: self.n_ctx]
         return toks
 
-    def embed(self, req: EmbedRequest) -> EmbedResult:
+    def embed(self, req: EmbedRequest, between: Callable[[], None] | None = None) -> EmbedResult:
+        """Each input in its own decode. `between` (the worker's heartbeat) runs before each and,
+        through llama.cpp's abort callback, between the graph's operations: one input of a whole
+        context is a single decode that can take a minute, and 16 of them outlast LLMD_HANG_S. A
+        kernel that is stuck reaches no callback, so a real hang is still seen."""
         L = self._L
         token_lists = [self.tokens(item, i, req.truncate) for i, item in enumerate(req.inputs)]
+        if between is not None:
+            beat = L.ggml_abort_callback(lambda _data: bool(between()))  # None: never abort
+            L.llama_set_abort_callback(self.ctx, beat, None)
+        try:
+            return self._embed(req, token_lists, between)
+        finally:
+            if between is not None:
+                L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
+
+    def _embed(self, req: EmbedRequest, token_lists: list[list[int]], between: Callable[[], None] | None
+               ) -> EmbedResult:
+        L = self._L
         vectors, counts = [], []
         for toks in token_lists:
+            if between is not None:
+                between()
             L.llama_memory_clear(self.mem, True)
             for i, t in enumerate(toks):
                 put(self.batch, i, t, i, 0, True)

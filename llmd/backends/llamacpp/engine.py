@@ -144,6 +144,7 @@ class LlamaCppEngine:
         self.requests_done = 0
         self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
         self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
+        self.heartbeat: Callable[[], None] | None = None  # set by the worker: "still working" for long calls
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
         self.prefix = (PrefixCache(cfg.prefix_dir, cfg.prefix_max_bytes, cfg.prefix_ram_bytes, cfg.model_digest,
                                    cfg.chunk, cfg.exact, cfg.prefix_min_tokens) if cfg.model_digest else None)
@@ -191,7 +192,7 @@ class LlamaCppEngine:
             n_ctx = min(self.cfg.n_ctx, int(self._L.llama_model_n_ctx_train(self.model)) or self.cfg.n_ctx)
             self.embedder = Embedder(self.model, self.vocab, n_ctx, self.governor.threads, self.cfg.repack)
         self._choose_threads()
-        return self.embedder.embed(req)
+        return self.embedder.embed(req, self.heartbeat)
 
     def cancel(self, request_id: str) -> None:
         for i, (req, _) in enumerate(self.waiting):

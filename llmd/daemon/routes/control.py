@@ -18,7 +18,7 @@ from llmd import __version__
 from llmd.backends.llamacpp.prefix_store import PrefixStore
 from llmd.config import SpeculationMode, fixed_ctx
 from llmd.daemon.routes._common import parse_body
-from llmd.daemon.security import check_token
+from llmd.daemon.security import authorize
 from llmd.errors import BadRequest
 from llmd.models.gguf import read_gguf
 from llmd.models.memory import available_bytes, choose_ctx, estimate
@@ -66,7 +66,7 @@ class AddRemoteBody(BaseModel):
 
 
 def _authorize(request: Request) -> None:
-    check_token(request.headers, request.app.state.token)
+    authorize(request, request.app.state.token)
 
 
 async def health(request: Request) -> Response:

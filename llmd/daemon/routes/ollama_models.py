@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmd.daemon.routes._common import canonical_name, parse_body
+from llmd.daemon.security import authorize
 from llmd.errors import BadRequest, LlmdError
 from llmd.models.hub import HubFile, PullPlan, is_hub_ref, pull
 
@@ -55,6 +56,7 @@ def _model_of(body: PullBody | DeleteBody) -> str:
 
 async def pull_model(request: Request) -> Response:
     """Download a GGUF model from the Hugging Face Hub (hf.co/USER/REPO[:QUANT]) and register it."""
+    authorize(request, request.app.state.token)
     body = await parse_body(request, PullBody)
     name = _model_of(body)
     registry = request.app.state.registry
@@ -121,6 +123,7 @@ def _already(stream: bool) -> Response:
 
 async def delete_model(request: Request) -> Response:
     """Remove a model (its file only when llmd downloaded or made it)."""
+    authorize(request, request.app.state.token)
     body = await parse_body(request, DeleteBody)
     registry = request.app.state.registry
     row = registry.get(_model_of(body))
@@ -131,6 +134,7 @@ async def delete_model(request: Request) -> Response:
 
 async def copy_model(request: Request) -> Response:
     """Register a model under a second name (the same file: nothing is copied)."""
+    authorize(request, request.app.state.token)
     body = await parse_body(request, CopyBody)
     request.app.state.registry.copy(body.source, body.destination)
     return Response(status_code=200)
