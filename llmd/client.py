@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -57,7 +58,7 @@ class Client:
         return self._request("GET", "/llmd/models")["models"]
 
     def model(self, name: str) -> dict[str, Any]:
-        return self._request("GET", f"/llmd/models/{name}")
+        return self._request("GET", f"/llmd/models/{quote(name, safe='')}")
 
     def add_model(self, path: str, name: str | None) -> dict[str, Any]:
         return self._request("POST", "/llmd/models", json={"path": path, "name": name}, headers=self._auth())
@@ -66,7 +67,7 @@ class Client:
         return self._request("POST", "/llmd/models/remote", json=body, headers=self._auth())
 
     def remove_model(self, name: str) -> dict[str, Any]:
-        return self._request("DELETE", f"/llmd/models/{name}", headers=self._auth())
+        return self._request("DELETE", f"/llmd/models/{quote(name, safe='')}", headers=self._auth())
 
     def use(self, name: str) -> dict[str, Any]:
         return self._request("POST", "/llmd/models/active", json={"model": name}, headers=self._auth())

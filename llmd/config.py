@@ -159,6 +159,7 @@ class Settings:
     response_cache_ttl: float = 3600.0
     response_cache_mb: int = 256
     prefix_cache_mb: int = 2048
+    responses_store_mb: int = 256
     prefix_ram_mb: int = 512
     prefix_min_tokens: int = 256
     speculation: str = "auto"
@@ -170,6 +171,8 @@ class Settings:
     load_timeout_s: float = 600.0
     max_queue_model: int = 32
     remote_read_s: float = 120.0
+    test_crash: str = ""
+    test_slow_prefix_read: float = 0.0
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -216,6 +219,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("response_cache_ttl", "seconds a cached response stays valid"),
     Setting("response_cache_mb", "size bound of the response cache, MiB (least recently used go first)"),
     Setting("prefix_cache_mb", "size bound of the on-disk prompt-prefix KV cache, MiB (0 turns it off)"),
+    Setting("responses_store_mb", "size bound of the Responses API's stored conversations "
+            "(previous_response_id), MiB: past it the oldest go first"),
     Setting("prefix_ram_mb", "in-memory tier of the prefix cache: recently evicted sequences, MiB"),
     Setting("prefix_min_tokens", "save a prompt's KV to disk when it has at least this many tokens"),
     Setting("profile", "record per-step engine timing, shown by /llmd/status and `llmd status --verbose`"),
@@ -236,6 +241,11 @@ SETTINGS: tuple[Setting, ...] = (
             "reason, and the model is not started again until asked for (`llmd use`)"),
     Setting("max_queue_model", "requests one model may hold (running, queued or waiting for its load) "
             "before its new ones get 503, so one slow model cannot take every admission"),
+    # read by the worker processes from their environment (they inherit the daemon's)
+    Setting("test_crash", "FOR TESTS ONLY: make a worker fail as a fault would: repack or always (SIGSEGV at "
+            "the first multi-token decode, as the AMX repack crash), hang or raise (a long prompt's decode "
+            "never returns, or raises), hang-load (a load that never returns)"),
+    Setting("test_slow_prefix_read", "FOR TESTS ONLY: seconds each prefix-cache disk read waits first"),
 )
 
 _FIELDS = {f.name: f for f in fields(Settings)}

@@ -12,6 +12,7 @@ and what formats a model has, so it is tested on real-shaped profiles:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 from dataclasses import asdict, dataclass
@@ -256,6 +257,12 @@ def probe() -> Probe:
         logical_cores=psutil.cpu_count() or 1, ram_total=int(vm.total), ram_available=int(vm.available),
         gpus=gpus, nvml=nvml, tensorrt_llm=trt, tensorrt_llm_error=trt_err, llama_gpu_offload=_llama_offload(),
     )
+
+
+def refresh_gpus(p: Probe) -> Probe:
+    """`p` with the GPUs' free memory read now (NVML: a few milliseconds), the rest as probed."""
+    gpus, nvml = _gpus()
+    return dataclasses.replace(p, gpus=gpus, nvml=nvml) if gpus else p
 
 
 def formats_of(row: dict[str, Any], fixed_ctx: int, n_slots: int) -> ModelFormats:

@@ -61,7 +61,8 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
             ResponseCache(settings.paths.response_cache_db, settings.response_cache_ttl,
                           settings.response_cache_mb * 1024 * 1024)
             if settings.response_cache else None)
-        app.state.stored_responses = StoredResponses(settings.paths.responses_api_db)
+        app.state.stored_responses = StoredResponses(settings.paths.responses_api_db,
+                                                    settings.responses_store_mb * 2**20)
         sched = scheduler or Scheduler(settings, registry)
         app.state.settings = settings
         app.state.registry = registry

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,7 +22,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from llmd.backends.base import Usage
 
+log = logging.getLogger("llmd.metrics")
 LABELS = ("model", "backend", "api")
+WINDOW_MAX = 10_000  # requests between two history points (2 s) beyond this are not summarised
+SAMPLER_LOG_EVERY_S = 60.0
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -58,7 +62,10 @@ class Metrics:
         self._snapshot: dict[str, Any] = {}
         r.register(_EngineCollector(self))
         self.history: deque[dict[str, Any]] = deque(maxlen=360)  # 12 minutes at one point per 2 s
-        self._window: list[tuple[float, float, int, float, int, int, int, int, int]] = []
+        # requests finished since the last history point; bounded, should the sampler stop draining it
+        self._window: deque[tuple[float, float, int, float, int, int, int, int, int]] = deque(maxlen=WINDOW_MAX)
+        self.sampler_errors = 0
+        self._sampler_logged = 0.0
         self._process = psutil.Process()
         self._process.cpu_percent()
 
@@ -105,8 +112,8 @@ class Metrics:
 
     def sample(self, status: dict[str, Any]) -> dict[str, Any]:
         """One history point from the requests finished since the last one, plus live state."""
+        window, self._window = list(self._window), deque(maxlen=WINDOW_MAX)
         self.set_snapshot(status)
-        window, self._window = self._window, []
         ttfts = sorted(w[1] for w in window if w[2] == 0)
         tps = [w[3] for w in window if w[3] > 0]
         prompt = sum(w[5] for w in window)
@@ -137,8 +144,13 @@ class Metrics:
         while True:
             try:
                 self.sample(await status_fn())
-            except Exception:  # the dashboard must never take the daemon down
-                pass
+            except Exception:  # the dashboard must never take the daemon down, nor hide why it is blank
+                self.sampler_errors += 1
+                now = time.monotonic()
+                if now - self._sampler_logged >= SAMPLER_LOG_EVERY_S:
+                    self._sampler_logged = now
+                    log.exception("dashboard sampler failed (%d times so far); the charts miss these points",
+                                  self.sampler_errors)
             await asyncio.sleep(period)
 
 

@@ -230,7 +230,7 @@ class Scheduler:
         s = self.settings
         if row["format"] == "remote":
             return await self._load_remote(name, row)
-        choice = self.choice_for(name, row)
+        choice = self.choice_for(name, row, at_load=True)
         if choice.backend == "none":
             raise EngineError(f"{name} cannot be loaded on this machine: {choice.reason}")
         # refuse before anything is allocated; other loaded models count as used memory already
@@ -386,8 +386,15 @@ class Scheduler:
             self._pairs_checked[key] = vocab_compatible(row, draft)
         return self._pairs_checked[key]
 
-    def choice_for(self, name: str, row: dict[str, Any] | None = None) -> Choice:
-        """The backend for a model on this machine (probed once), with its reasons."""
+    def choice_for(self, name: str, row: dict[str, Any] | None = None, at_load: bool = False) -> Choice:
+        """The backend for a model on this machine (probed once), with its reasons. `at_load`: the
+        GPUs' free memory is read again first (other models, llmd's or another program's, may hold
+        some now), so the layers put on a GPU are those that fit at this load."""
+        if at_load and self.probe is not None and self.probe.gpus:
+            from llmd.backends.select import refresh_gpus
+
+            self.probe = refresh_gpus(self.probe)
+            self.choices.pop(name, None)
         if name not in self.choices:
             row = row or self.registry.get(name)
             if row["format"] == "remote":

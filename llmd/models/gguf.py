@@ -41,6 +41,9 @@ class GGUFError(BadRequest):
     code = "invalid_model_file"
 
 
+ENCODER_ARCHS = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "neo-bert", "modern-bert", "t5encoder")
+
+
 @dataclass
 class GGUFInfo:
     path: Path
@@ -71,6 +74,12 @@ class GGUFInfo:
     def chat_template(self) -> str | None:
         t = self.metadata.get("tokenizer.chat_template")
         return str(t) if t else None
+
+    @property
+    def embedding_only(self) -> bool:
+        """An embedding model (BERT-like encoders; or a model that declares its pooling and has no
+        chat template), as Ollama tells them apart: it embeds, it does not chat."""
+        return self.arch in ENCODER_ARCHS or (self.arch_value("pooling_type") is not None and not self.chat_template)
 
     @property
     def n_layer(self) -> int:

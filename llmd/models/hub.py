@@ -33,6 +33,8 @@ QUANT_ORDER = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1",
 _QUANT_RE = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(sorted(QUANT_ORDER, key=len, reverse=True)) + r")(?![A-Za-z0-9])",
                        re.IGNORECASE)
 _SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+# a user, repo or file name as the Hub allows them (no "..", no "--" at the ends, no separators)
+_PART_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 PART = ".part"
 
 
@@ -85,9 +87,11 @@ def parse_ref(text: str) -> HubRef:
             break
     repo, _, quant = t.partition(":")
     parts = repo.strip("/").split("/")
-    if len(parts) == 3 and parts[2].lower().endswith(".gguf") and not quant:
+    # every part checked, the file name too: "../etc/x.gguf" must not reach the Hub client or a path
+    valid = all(_PART_RE.fullmatch(p) and ".." not in p for p in parts)
+    if valid and len(parts) == 3 and parts[2].lower().endswith(".gguf") and not quant:
         return HubRef(f"{parts[0]}/{parts[1]}", filename=parts[2])
-    if len(parts) != 2 or not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in parts):
+    if len(parts) != 2 or not valid or (quant and not re.fullmatch(r"[A-Za-z0-9_]+", quant)):
         raise BadRequest(f"{text!r} is not a Hugging Face model reference: give USER/REPO[:QUANT] (e.g. "
                          "bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M) or USER/REPO/FILE.gguf", "model")
     if quant and quant.lower() == "latest":
@@ -122,6 +126,9 @@ def plan(ref: HubRef, api: Any = None) -> PullPlan:
         raise UpstreamError(f"cannot pull {ref.repo}: HF_HUB_OFFLINE is set; unset it to download") from e
     except (HfHubHTTPError, OSError) as e:
         raise UpstreamError(f"the Hugging Face Hub could not list {ref.repo}: {e}") from e
+    except Exception as e:  # huggingface_hub's validation errors, its HTTP client's network errors
+        raise UpstreamError(f"the Hugging Face Hub could not list {ref.repo} ({type(e).__name__}: {e}); check "
+                            "HF_ENDPOINT and the network, then pull again") from e
     files = {s.rfilename: HubFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0) or 0),
                                   s.lfs.sha256 if s.lfs else None) for s in info.siblings or []}
     ggufs = [n for n in files if n.lower().endswith(".gguf")]
@@ -188,6 +195,8 @@ def download(p: PullPlan, dest: Path, progress: Progress | None = None) -> Path:
     """Fetch every file of `p` into `dest` (resuming partial ones), each checked against the Hub's
     sha256; returns the path llama.cpp loads (the first part). A failed check deletes the file."""
     dest.mkdir(parents=True, exist_ok=True)
+    for f in p.files:
+        inside(dest, f.name)
     need = sum(max(0, f.size - _have(dest / f.name)) for f in p.files if not (dest / f.name).exists())
     free = shutil.disk_usage(dest).free
     if need > free:
@@ -198,6 +207,15 @@ def download(p: PullPlan, dest: Path, progress: Progress | None = None) -> Path:
     return dest / p.files[0].name
 
 
+def inside(folder: Path, name: str) -> Path:
+    """folder/name, refused unless it stays inside `folder`: file names come from the Hub's listing."""
+    target = (folder / name).resolve()
+    if not target.is_relative_to(folder.resolve()) or target == folder.resolve():
+        raise UpstreamError(f"the Hub lists a file named {name!r}, which would be written outside {folder}; "
+                            "nothing was downloaded")
+    return target
+
+
 def _have(path: Path) -> int:
     part = path.with_name(path.name + PART)
     return part.stat().st_size if part.exists() else 0
@@ -205,13 +223,12 @@ def _have(path: Path) -> int:
 
 def _fetch(p: PullPlan, f: HubFile, dest: Path, progress: Progress | None) -> None:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
     from llmd.models.registry import file_digest  # the registry imports this module
 
-    target = dest / f.name
+    target = inside(dest, f.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() and target.stat().st_size == f.size:
         if progress:
@@ -232,9 +249,9 @@ def _fetch(p: PullPlan, f: HubFile, dest: Path, progress: Progress | None) -> No
             with part.open("ab") as out:
                 http_get(meta.location, out, resume_size=have, headers=headers, expected_size=size,
                          displayed_filename=f.name, tqdm_class=_bar(f, progress))
-    except (HfHubHTTPError, OSError) as e:
-        raise UpstreamError(f"downloading {f.name} from {p.ref.repo} failed: {e}; run the pull again to resume "
-                            f"({_have(target)} of {f.size} bytes are kept)") from e
+    except Exception as e:  # HTTP and network errors of any client huggingface_hub uses, disk errors
+        raise UpstreamError(f"downloading {f.name} from {p.ref.repo} failed ({type(e).__name__}: {e}); run the "
+                            f"pull again to resume ({_have(target)} of {f.size} bytes are kept)") from e
     if expected is not None:
         got = file_digest(part).removeprefix("sha256:")
         if got != expected:

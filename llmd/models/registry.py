@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -101,16 +102,22 @@ class Registry:
         # request looks its model up several times, and a query costs more than the request's own work
         self._rows: dict[str, dict[str, Any] | None] = {}
         self._seen_version: tuple[int, int] = (-1, -1)
+        # one connection, used from the event loop and from threads (add, pull, remove, import): a
+        # transaction of one would commit or roll back another's, and the row cache is shared. Every
+        # use of either holds this lock; slow work (reading and hashing a file) is done before.
+        self._lock = threading.RLock()
 
     def sync_packaged(self) -> None:
-        seen = {r["name"] for r in self.db.table("packaged_seen").rows}
+        with self._lock:
+            seen = {r["name"] for r in self.db.table("packaged_seen").rows}
         for name, path in find_packaged(self.models_dir).items():
             row = self._row(name)
             if row is None and name in seen:
                 continue  # the user removed it
             if row is None or row["path"] != str(path) or not self._fresh(row):
-                self._register(name, path, "package")
-            self.db.table("packaged_seen").upsert({"name": name}, pk="name")
+                self._register(name, path, "package", replace=True)
+            with self._lock:
+                self.db.table("packaged_seen").upsert({"name": name}, pk="name")
 
     def add(self, path: Path, name: str | None = None, source: str = "user", **extra: Any) -> dict[str, Any]:
         """Register a GGUF file, or a model folder (HF checkpoint or TensorRT-LLM engine). A folder
@@ -123,17 +130,18 @@ class Registry:
         name = name or path.stem.lower()
         if path.is_dir():
             ck = read_checkpoint(path)  # validates before anything is written
-            row = self._row(name)
-            if row is not None and row["format"] == "gguf":
-                self.db.table("models").update(name, {"hf_path": str(path)})
-                return self.get(name)
-            self.check_free(name)
             st = path.stat()
             new = {"name": name, "path": str(path), "source": source, "mtime": st.st_mtime, "added_at": time.time(),
                    "hf_path": str(path), **ck.row(), **extra}
-            self.db.table("models").insert(new)
-            return self.get(name)
-        self.check_free(name)
+            with self._lock:
+                row = self._row(name)
+                if row is not None and row["format"] == "gguf":
+                    self.db.table("models").update(name, {"hf_path": str(path)})
+                    return self.get(name)
+                self.check_free(name)
+                self.db.table("models").insert(new)
+                return self.get(name)
+        self.check_free(name)  # before hashing gigabytes; checked again when the row is written
         return self._register(name, path, source, **extra)
 
     def add_remote(self, name: str, spec_json: str, kind: str) -> dict[str, Any]:
@@ -142,18 +150,21 @@ class Registry:
         self.check_free(name)
         digest = "remote:" + hashlib.sha256(spec_json.encode()).hexdigest()
         spec = json.loads(spec_json)
-        self.db.table("models").insert({
+        with self._lock:
+            self.check_free(name)
+            self.db.table("models").insert({
             "name": name, "path": spec["urls"][0], "format": "remote", "source": "remote", "digest": digest,
             "size": 0, "mtime": 0.0, "arch": kind, "n_params": 0, "quantization": "", "context_length": 0,
             "has_chat_template": 0, "added_at": time.time(), "remote": spec_json})
-        return self.get(name)
+            return self.get(name)
 
     def check_free(self, name: str) -> None:
         if self._row(name) is not None:
             raise BadRequest(f"a model named {name!r} is already registered; pick another with --name", "name")
 
     def set_eval(self, name: str, result: dict[str, Any]) -> None:
-        self.db.table("models").update(self.get(name)["name"], {"eval": json.dumps(result)})
+        with self._lock:
+            self.db.table("models").update(self.get(name)["name"], {"eval": json.dumps(result)})
 
     def pair(self, target: str, draft: str | None, checked: bool = False) -> dict[str, Any]:
         """Make `draft` the target's draft model for speculation: NO_DRAFT refuses any (automatic
@@ -166,20 +177,23 @@ class Registry:
             draft = draft_row["name"]  # `name:latest` is the model registered as `name`
             if not checked:
                 check_pair(row, draft_row)
-        self.db.table("models").update(row["name"], {"draft": draft})
-        return self.get(row["name"])
+        with self._lock:
+            self.get(target)  # still there
+            self.db.table("models").update(row["name"], {"draft": draft})
+            return self.get(row["name"])
 
     def remove(self, name: str) -> dict[str, Any]:
         """Unregister; delete the file only if llmd made it (never a user's, a package's or another
         tool's file). The row comes back with `deleted_file`."""
-        row = self.get(name)
-        name = row["name"]  # `name:latest` is the model registered as `name`
-        users = [r["name"] for r in self.db.table("models").rows_where("draft = ?", [name])]
-        if users:
-            raise BadRequest(f"{name} is the draft model of {', '.join(users)}; unpair it first "
-                             f"(`llmd models pair {users[0]} --none`)", "name")
-        deletes = self.deletes_files(row)
-        self.db.table("models").delete(name)
+        with self._lock:
+            row = self.get(name)
+            name = row["name"]  # `name:latest` is the model registered as `name`
+            users = [r["name"] for r in self.db.table("models").rows_where("draft = ?", [name])]
+            if users:
+                raise BadRequest(f"{name} is the draft model of {', '.join(users)}; unpair it first "
+                                 f"(`llmd models pair {users[0]} --none`)", "name")
+            deletes = self.deletes_files(row)
+            self.db.table("models").delete(name)
         if deletes:
             for f in files_of(Path(row["path"])):  # every part of a split model
                 f.unlink(missing_ok=True)
@@ -188,19 +202,22 @@ class Registry:
     def deletes_files(self, row: dict[str, Any]) -> bool:
         """Whether removing `row` deletes its file: only one llmd made (quantized or pulled), never
         another tool's (ollama, lmstudio, hf imports) or a user's, and not while a copy uses it."""
-        shared = self.db.table("models").count_where("path = ? and name != ?", [row["path"], row["name"]])
+        with self._lock:
+            shared = self.db.table("models").count_where("path = ? and name != ?", [row["path"], row["name"]])
         return row["source"] in OWNED and not shared
 
     def copy(self, source: str, destination: str) -> dict[str, Any]:
         """Register the same file under another name (Ollama's copy): no bytes are copied."""
-        row = dict(self.get(source))
-        self.check_free(destination)
-        row.update(name=destination, added_at=time.time(), draft=None, origin=None)
-        self.db.table("models").insert(row)
-        return self.get(destination)
+        with self._lock:
+            row = dict(self.get(source))
+            self.check_free(destination)
+            row.update(name=destination, added_at=time.time(), draft=None, origin=None)
+            self.db.table("models").insert(row)
+            return self.get(destination)
 
     def list(self) -> list[dict[str, Any]]:
-        return list(self.db.table("models").rows_where(order_by="name"))
+        with self._lock:
+            return list(self.db.table("models").rows_where(order_by="name"))
 
     def get(self, name: str) -> dict[str, Any]:
         row = self._row(name)
@@ -221,18 +238,20 @@ class Registry:
             origin = parse_ref(ref).origin
         except BadRequest:
             return None
-        rows = list(self.db.table("models").rows_where("lower(origin) = lower(?)", [origin]))
+        with self._lock:
+            rows = list(self.db.table("models").rows_where("lower(origin) = lower(?)", [origin]))
         return rows[0] if rows else None
 
     def _row(self, name: str) -> dict[str, Any] | None:
-        version = (self.db.execute("PRAGMA data_version").fetchone()[0], self.db.conn.total_changes)
-        if version != self._seen_version:
-            self._rows.clear()
-            self._seen_version = version
-        if name not in self._rows:
-            rows = list(self.db.table("models").rows_where("name = ?", [name]))
-            self._rows[name] = rows[0] if rows else None
-        row = self._rows[name]
+        with self._lock:
+            version = (self.db.execute("PRAGMA data_version").fetchone()[0], self.db.conn.total_changes)
+            if version != self._seen_version:
+                self._rows.clear()
+                self._seen_version = version
+            if name not in self._rows:
+                rows = list(self.db.table("models").rows_where("name = ?", [name]))
+                self._rows[name] = rows[0] if rows else None
+            row = self._rows[name]
         return dict(row) if row is not None else None
 
     @staticmethod
@@ -246,7 +265,7 @@ class Registry:
             return False
         return st.st_size == row["size"] and st.st_mtime == row["mtime"]
 
-    def _register(self, name: str, path: Path, source: str, **extra: Any) -> dict[str, Any]:
+    def _register(self, name: str, path: Path, source: str, replace: bool = False, **extra: Any) -> dict[str, Any]:
         info = read_gguf(path)  # validates before anything is written
         st = path.stat()
         # a store that names files by their sha256 (Ollama, the Hub cache) saves hashing gigabytes again
@@ -257,5 +276,8 @@ class Registry:
             "quantization": info.quantization, "context_length": info.context_length,
             "has_chat_template": int(info.chat_template is not None), "added_at": time.time(), **extra,
         }
-        self.db.table("models").upsert(row, pk="name")
+        with self._lock:
+            if not replace:
+                self.check_free(name)  # another thread may have taken the name while this one hashed
+            self.db.table("models").upsert(row, pk="name")
         return row

@@ -89,10 +89,7 @@ def test_ollama_tools(http: httpx.Client):
     # bounded: greedy, the 135M model can repeat itself to the end of its 8192-token context
     r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": ASK, "tools": tools, "stream": False,
                                      "options": {"temperature": 0, "num_predict": 60}})
-    assert r.status_code == 200, r.text
-    msg = r.json()["message"]
-    if msg.get("tool_calls"):
-        assert isinstance(msg["tool_calls"][0]["function"]["arguments"], dict)  # an object, as Ollama sends
+    assert r.status_code == 200, r.text  # the call's shape: test_real_models.py::test_ollama_chat_tools
     history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}]},
         {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]
@@ -100,7 +97,7 @@ def test_ollama_tools(http: httpx.Client):
                                      "options": {"temperature": 0, "num_predict": 20}})
     assert r.status_code == 200, r.text
     caps = http.post("/api/show", json={"model": "smollm2-135m"}).json()["capabilities"]
-    assert "tools" in caps and "embedding" in caps
+    assert caps == ["completion"]  # its template renders no tools, and it is not an embedding model
 
 
 def _vec(item: dict) -> list[float]:

@@ -109,13 +109,11 @@ def test_ollama_python(daemon: Daemon):
         """
         return "sunny"
 
-    r = c.chat(model=f"{MODEL}:latest", messages=[{"role": "user", "content": "Weather in Rome? Use the tool."}],
-               tools=[get_weather], options={"temperature": 0})
-    if r.message.tool_calls:  # auto: parsed well-formed when the model calls
-        assert r.message.tool_calls[0].function.name == "get_weather"
-        assert isinstance(r.message.tool_calls[0].function.arguments, dict)
-    else:
-        assert r.message.content
+    # a Python function as a tool is sent and a reply parsed; the call itself is the model's judgement,
+    # asserted on the real model (test_real_models.py::test_ollama_chat_tools)
+    r = c.chat(model=f"{MODEL}:latest", messages=[{"role": "user", "content": "Say hello."}],
+               tools=[get_weather], options={"temperature": 0, "num_predict": 30})
+    assert r.message.content and r.done
     e = c.embed(model=MODEL, input=["a", "b"])
     assert len(e.embeddings) == 2 and len(e.embeddings[0]) == 576
     assert c.generate(model=MODEL, prompt="Hi", options={"num_predict": 4}).response
@@ -189,11 +187,11 @@ def test_langchain_ollama(daemon: Daemon):
         """Weather in a city."""
         return "sunny"
 
+    # Ollama has no tool_choice, so whether the tiny model calls is its own judgement: the call's shape
+    # is asserted on the real model (test_real_models.py); here, that a bound tool still parses a reply
     chat = ChatOllama(model=MODEL, base_url=daemon.url, temperature=0, num_predict=60)
-    msg = chat.bind_tools([get_weather]).invoke("Weather in Rome? Use the tool.")
-    assert msg.tool_calls or msg.content  # auto: either, well-formed
-    for c in msg.tool_calls:
-        assert c["name"] == "get_weather" and isinstance(c["args"], dict)
+    msg = chat.bind_tools([get_weather]).invoke("Say hello.")
+    assert isinstance(msg.content, str) and isinstance(msg.tool_calls, list)
     assert OllamaLLM(model=MODEL, base_url=daemon.url, num_predict=5).invoke("Hi")
     assert len(OllamaEmbeddings(model=MODEL, base_url=daemon.url).embed_query("hello")) == 576
 
@@ -220,18 +218,10 @@ def test_pydantic_ai(daemon: Daemon):
     out = Agent(model, output_type=City, model_settings={"temperature": 0, "max_tokens": 200}).run_sync(
         "Paris is in France. Which city is it?").output
     assert isinstance(out, City) and out.name
-    agent = Agent(model, model_settings={"max_tokens": 60, "temperature": 0})
-    calls: list[str] = []
-
-    @agent.tool_plain
-    def get_weather(city: str) -> str:
-        """Weather in a city."""
-        calls.append(city)
-        return "sunny"
-
-    result = agent.run_sync("What is the weather in Rome?")
-    assert isinstance(result.output, str)  # auto: a text answer, after a call if the model made one
-    assert all(isinstance(c, str) for c in calls)
+    # an agent calling a plain tool by itself is the model's judgement: asserted on the real model
+    # (test_real_models.py::test_pydantic_ai_calls_the_tool_by_itself)
+    result = Agent(model, model_settings={"max_tokens": 30, "temperature": 0}).run_sync("Say hello.")
+    assert isinstance(result.output, str) and result.output
 
 
 def test_openai_agents(daemon: Daemon):

@@ -103,6 +103,25 @@ def test_add_validates_and_rm_keeps_the_file(two: Daemon, tmp_path: Path):
     assert "mine" not in llmd(two, "models").stdout
 
 
+def test_a_name_with_slashes_is_shown_used_and_removed(two: Daemon, tmp_path: Path):
+    """Imported names look like hf.co/org/repo:Q4_K_M: the routes take them whole."""
+    name = "hf.co/org/smol-repo:Q4_K_M"
+    good = tmp_path / "slashed.gguf"
+    shutil.copy(find_packaged()[SMOL], good)
+    r = llmd(two, "models", "add", str(good), "--name", name)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(llmd(two, "models", "show", name, "--json").stdout)["name"] == name
+    assert httpx.get(two.url + "/v1/models/" + name).json()["id"] == name  # unquoted, as OpenAI clients send it
+    r = llmd(two, "use", name)
+    assert r.returncode == 0, r.stderr
+    r = llmd(two, "use", SMOL)
+    assert r.returncode == 0, r.stderr
+    r = llmd(two, "models", "rm", name)
+    assert r.returncode == 0, r.stderr
+    assert name not in llmd(two, "models").stdout
+    assert llmd(two, "models", "show", name).returncode == 1
+
+
 def test_control_routes_need_the_token_or_the_same_user(two: Daemon):
     """One rule for every route that changes the daemon or its models (llmd's and Ollama's pull,
     delete and copy): the token, or a connection from a process of llmd's own user; a browser

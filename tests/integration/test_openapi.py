@@ -32,8 +32,13 @@ def test_openapi_lists_every_route_with_its_body(http: httpx.Client):
 def test_schemathesis_finds_no_server_errors(tmp_path: Path):
     exe = shutil.which("schemathesis") or shutil.which("st")
     assert exe, "schemathesis is a test dependency (pip install -e '.[test]')"
-    # a small context keeps every reply short, so the run stays bounded
-    d = Daemon(tmp_path / "home", env={"LLMD_CTX": "128", "LLMD_SLOTS": "2"}).start()
+    from hub_server import FakeHub, HubServer
+
+    # a small context keeps every reply short, so the run stays bounded; pulls reach a local Hub
+    # stand-in with no repos (a fuzzed reference is a 404 there, never a 5xx)
+    hub = HubServer(FakeHub()).__enter__()
+    d = Daemon(tmp_path / "home", env={"LLMD_CTX": "128", "LLMD_SLOTS": "2", "HF_ENDPOINT": hub.url,
+                                       "HF_HOME": str(tmp_path / "hf")}).start()
     try:
         token = (tmp_path / "home" / "config" / "token").read_text().strip()
         out = subprocess.run(
@@ -41,11 +46,12 @@ def test_schemathesis_finds_no_server_errors(tmp_path: Path):
              "--phases", "examples,coverage,fuzzing", "--no-shrink", "--request-timeout", "120",
              "-H", f"Authorization: Bearer {token}",
              # the event stream never ends; load/unload churn workers without finding anything new; a
-             # pull reaches for the Hub (no network here: a 502), a delete removes the model the rest needs
+             # delete removes the model the rest needs
              "--exclude-path", "/llmd/events", "--exclude-path", "/llmd/models/load",
-             "--exclude-path", "/llmd/models/unload", "--exclude-path", "/api/pull", "--exclude-path", "/api/delete"],
+             "--exclude-path", "/llmd/models/unload", "--exclude-path", "/api/delete"],
             capture_output=True, text=True, timeout=900, cwd=tmp_path)  # its cache dir goes there
         assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
         assert httpx.get(d.url + "/llmd/health", timeout=10).status_code == 200
     finally:
         d.stop()
+        hub.__exit__(None, None, None)

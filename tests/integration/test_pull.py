@@ -163,6 +163,33 @@ def test_unknown_files_and_repos_are_named_in_the_error(tmp_path: Path, hub):
     assert r.returncode != 0 and "has no model 'test-org/missing-GGUF'" in r.stderr
 
 
+def test_a_listed_file_name_outside_the_models_folder_is_refused(tmp_path: Path, hub, files: dict[str, Path]):
+    fake, server = hub
+    fake.add("test-org/Evil-GGUF", {"../../../evil-Q4_1.gguf": files[FILE]})
+    env = env_for(tmp_path / "home", server)
+    r = llmd(env, "pull", "test-org/Evil-GGUF:Q4_1")
+    assert r.returncode != 0 and "outside" in r.stderr, r.stderr
+    assert not list(tmp_path.rglob("evil*")) and not fake.downloads and not registered(env)
+
+
+def test_a_streamed_pull_that_cannot_reach_the_hub_ends_with_an_error_line(tmp_path: Path):
+    from conftest import free_port
+
+    d = Daemon(tmp_path / "home", env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+                                       "HF_HOME": str(tmp_path / "hf")}).start()
+    try:
+        with httpx.stream("POST", d.url + "/api/pull", json={"model": "hf.co/org/repo:Q4_K_M"}, timeout=120) as r:
+            lines = [json.loads(x) for x in r.iter_lines() if x]
+        assert r.status_code in (200, 502), lines
+        assert "error" in lines[-1] and "org/repo" in lines[-1]["error"], lines
+        r = httpx.post(d.url + "/api/pull", json={"model": "hf.co/org/repo:Q4_K_M", "stream": False}, timeout=120)
+        assert r.status_code == 502 and "org/repo" in r.json()["error"], r.text
+        r = httpx.post(d.url + "/api/pull", json={"model": "hf.co/../etc/x.gguf"}, timeout=60)
+        assert r.status_code == 400 and "USER/REPO" in r.json()["error"], r.text
+    finally:
+        d.stop()
+
+
 def test_ollama_pull_copy_delete(tmp_path: Path, hub):
     import gc
 

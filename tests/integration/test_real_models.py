@@ -100,6 +100,19 @@ def test_ollama_chat_tools(q: Daemon):
     r = post(q, "/api/chat", {"model": QWEN, "messages": GREET, "tools": TOOLS, "stream": False,
                               "options": {"temperature": 0, "num_predict": 60}})
     assert not r["message"].get("tool_calls") and r["message"]["content"].strip()
+    import ollama
+
+    def get_weather(city: str) -> str:
+        """Current weather in a city.
+
+        Args:
+          city: the city
+        """
+        return "sunny"
+
+    got = ollama.Client(host=q.url).chat(model=QWEN, messages=ASK, tools=[get_weather], options={"temperature": 0})
+    [call] = got.message.tool_calls or []
+    assert call.function.name == "get_weather" and call.function.arguments["city"].lower() == "paris", got.message
 
 
 def test_anthropic_messages_tools(q: Daemon):

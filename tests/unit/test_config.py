@@ -44,3 +44,16 @@ def test_the_response_cache_file_keeps_its_contents_under_its_new_name(tmp_path)
     assert paths.response_cache_db.read_bytes() == b"sqlite" and not (paths.cache / "responses.db").exists()
     assert (paths.cache / "response_cache.db-wal").read_bytes() == b"wal"
     assert paths.responses_api_db.parent == paths.data  # the Responses API's store is data, not cache
+
+
+def test_every_llmd_variable_the_code_reads_is_in_the_settings_table():
+    """No hidden switch: each LLMD_* name in llmd's source is a setting (test-only ones marked so)."""
+    import re
+
+    from llmd.config import SETTINGS
+
+    src = Path(__file__).resolve().parents[2] / "llmd"
+    used = {m for f in src.rglob("*.py") for m in re.findall(r"LLMD_[A-Z_]+[A-Z]", f.read_text())}
+    table = {s.env for s in SETTINGS}
+    assert used - table == set(), sorted(used - table)
+    assert all("FOR TESTS ONLY" in s.help for s in SETTINGS if s.name.startswith("test_"))

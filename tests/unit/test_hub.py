@@ -6,9 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from llmd.errors import BadRequest, InsufficientStorage
+from llmd.errors import BadRequest, InsufficientStorage, UpstreamError
 from llmd.models import hub
-from llmd.models.hub import HubFile, HubRef, PullPlan, _closest, files_of, model_name, parse_ref, quant_of
+from llmd.models.hub import (
+    HubFile,
+    HubRef,
+    PullPlan,
+    _closest,
+    files_of,
+    inside,
+    model_name,
+    parse_ref,
+    quant_of,
+)
 
 
 @pytest.mark.parametrize("text, want", [
@@ -22,7 +32,9 @@ def test_references(text: str, want: HubRef):
     assert parse_ref(text) == want
 
 
-@pytest.mark.parametrize("text", ["llama3.2", "a/b/c", "org/", "../etc/passwd", "org/repo/x.bin"])
+@pytest.mark.parametrize("text", ["llama3.2", "a/b/c", "org/", "../etc/passwd", "org/repo/x.bin", "../etc/x.gguf",
+                                  "hf.co/../etc/x.gguf", "org/../x.gguf", "org/repo/..gguf", "org/re..po",
+                                  "org/repo:Q4;rm", ".org/repo"])
 def test_bad_references_say_what_to_give(text: str):
     with pytest.raises(BadRequest, match="USER/REPO"):
         parse_ref(text)
@@ -55,3 +67,10 @@ def test_not_enough_disk_is_refused_with_the_numbers(tmp_path: Path, monkeypatch
     with pytest.raises(InsufficientStorage, match=r"needs 300 MiB more but .* has 50 MiB free"):
         hub.download(p, tmp_path)
     assert list(tmp_path.iterdir()) == []  # nothing started
+
+
+@pytest.mark.parametrize("name", ["../../evil-Q4_K_M.gguf", "/etc/evil.gguf", "sub/../../evil.gguf", "."])
+def test_a_listed_file_name_that_leaves_the_folder_is_refused(tmp_path: Path, name: str):
+    with pytest.raises(UpstreamError, match="outside"):
+        inside(tmp_path / "models", name)
+    assert inside(tmp_path / "models", "sub/ok-Q4_K_M.gguf") == (tmp_path / "models" / "sub" / "ok-Q4_K_M.gguf")

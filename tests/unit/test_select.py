@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from llmd.backends.select import GPU, ModelFormats, Probe, choose, probe
+from llmd.backends import select
+from llmd.backends.select import GPU, ModelFormats, Probe, choose, probe, refresh_gpus
 
 GiB = 1024**3
 CPU = Probe(os="Linux 6.1", arch="x86_64", cpu="AMD Ryzen 7", cpu_features=("avx2", "fma"), physical_cores=8,
@@ -109,3 +110,15 @@ def test_probe_on_this_machine_returns_cleanly():
         assert c.backend == "llama.cpp" and c.gpu_layers == 0
     else:  # a GPU machine: every GPU has a compute capability and VRAM
         assert all(g.compute_capability >= (3, 0) and g.total_vram > 0 for g in p.gpus)
+
+
+def test_each_load_reads_the_gpus_free_memory_again(monkeypatch: pytest.MonkeyPatch):
+    """Another model (llmd's or another program's) took VRAM since the start: the next load puts
+    only the layers that fit now on the GPU."""
+    g = gpu("NVIDIA GeForce RTX 4060", (8, 9), 8)
+    at_start = machine(g, trt=None)
+    assert choose(at_start, GGUF_ONLY).gpu_layers == 30
+    monkeypatch.setattr(select, "_gpus", lambda: ((replace(g, free_vram=300 * 1024**2),), "ok"))
+    now = refresh_gpus(at_start)
+    assert now.gpus[0].free_vram == 300 * 1024**2 and now.cpu == at_start.cpu
+    assert 0 < choose(now, GGUF_ONLY).gpu_layers < 30

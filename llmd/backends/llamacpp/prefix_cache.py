@@ -26,6 +26,7 @@ from llmd.backends.llamacpp.prefix_store import (
     PrefixReader,
     PrefixStore,
     PrefixWriter,
+    StaleEntry,
     block_hashes,
     namespace,
 )
@@ -57,7 +58,8 @@ class PrefixCache:
         self._ram: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()  # entry -> (tokens, state), LRU
         self._ram_blocks: dict[str, tuple[str, int]] = {}  # block hash -> (entry, depth)
         self._ram_used = 0
-        self.stats = {"hits": 0, "memory_hits": 0, "misses": 0, "tokens_restored": 0, "saved": 0, "dropped": 0}
+        self.stats = {"hits": 0, "memory_hits": 0, "misses": 0, "tokens_restored": 0, "saved": 0, "dropped": 0,
+                      "stale": 0}
 
     @property
     def enabled(self) -> bool:
@@ -109,7 +111,10 @@ class PrefixCache:
 
         def read(store: PrefixStore) -> Hit | None:
             try:
-                got = store.read(entry, expect)
+                got = store.read(entry, expect, self.ns)
+            except StaleEntry:  # another llama.cpp build or model file wrote it: never restored
+                self.stats["stale"] += 1
+                return None
             except Exception as e:
                 log.warning("prefix cache: reading entry %s failed (%s: %s)", entry, type(e).__name__, e)
                 got = None

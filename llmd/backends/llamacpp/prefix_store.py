@@ -7,8 +7,11 @@ An entry is one sequence's KV state (`llama_state_seq_get_data`) with its tokens
 index maps every whole block the entry covers to it, so a new prompt finds its deepest stored
 block with one query.
 
-Files are written atomically (temp file, fsync, rename) and carry a CRC32 and their tokens; a
-payload that fails either, or that llama.cpp refuses to load, is dropped and logged, never used.
+Files are written atomically (temp file, fsync, rename) and carry a CRC32, their tokens and their
+namespace; a payload that fails any of them, or that llama.cpp refuses to load, is dropped and
+logged, never used. The namespace in the file is checked again at read, so an entry written by
+another llama.cpp build (whose saved-state format may differ: llama.cpp bumped it in 2025) or
+for another model file is never fed to this one, whatever the index says.
 Least recently used entries go first when the size bound is passed.
 """
 
@@ -67,6 +70,10 @@ def block_hashes(ns: str, tokens: list[int], chunk: int) -> list[str]:
     return out
 
 
+class StaleEntry(Exception):
+    """An entry written for another namespace (llama.cpp build, model file, KV settings): dropped."""
+
+
 @dataclass(frozen=True)
 class Match:
     entry: str
@@ -110,10 +117,12 @@ class PrefixStore:
     def has(self, block_hash: str) -> bool:
         return self.db.execute("select 1 from blocks where hash = ?", [block_hash]).fetchone() is not None
 
-    def read(self, entry: str, expect: list[int]) -> tuple[list[int], bytes] | None:
-        """(tokens, state bytes) of an entry whose tokens start with `expect`, or None (dropped).
-        Every header field is checked; any failure while reading drops the entry."""
+    def read(self, entry: str, expect: list[int], ns: str) -> tuple[list[int], bytes] | None:
+        """(tokens, state bytes) of an entry of namespace `ns` whose tokens start with `expect`, or
+        None (dropped). Every header field is checked; any failure while reading drops the entry;
+        one written for another namespace is dropped and raises StaleEntry (counted apart)."""
         path = self.path(entry)
+        stale = ""
         try:
             data = path.read_bytes()
             if data[:8] != MAGIC:
@@ -138,9 +147,14 @@ class PrefixStore:
                 raise ValueError("checksum mismatch")
             if tokens[: len(expect)] != expect:
                 raise ValueError("tokens do not match the index")
+            if header.get("namespace") != ns:
+                stale = f"it was written for {header.get('namespace')!r}, this model is {ns!r}"
+                raise ValueError(stale)
         except Exception as e:  # anything wrong with an entry costs only the entry
             log.warning("prefix cache: dropping entry %s: %s", entry, e)
             self.drop(entry)
+            if stale:
+                raise StaleEntry(stale) from None
             return None
         with self.db.conn:
             self.db.conn.execute("update entries set last_used = ?, hits = hits + 1 where id = ?", [time.time(), entry])
@@ -149,7 +163,7 @@ class PrefixStore:
     def write(self, ns: str, tokens: list[int], hashes: list[str], state: bytes) -> str:
         entry = hashes[-1][:32]
         header = json.dumps({"n_tokens": len(tokens), "tokens": tokens, "size": len(state),
-                             "crc32": zlib.crc32(state)}).encode()
+                             "crc32": zlib.crc32(state), "namespace": ns}).encode()
         path = self.path(entry)
         tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
         # 0600: an entry holds the prompt's token ids, which decode back to the prompt

@@ -12,9 +12,15 @@ from llmd.backends.base import Sampling
 from llmd.chat.tools import MAX_PARALLEL_CALLS, ToolConstraint
 from llmd.errors import GrammarError
 
-# llama.cpp's grammar parser expands a bounded repetition into nested rules and recurses over them:
-# a schema with maxLength 30000 (or a pattern like a{0,50000}) overflows the worker's stack.
-MAX_REPEAT = 1000
+# llama-cpp-python's schema converter writes a bounded repetition as nested optional groups,
+# "(c (c (c)?)?)?", and llama.cpp's grammar parser recurses once per group: maxLength 30000 (or a
+# pattern like a{0,50000}) overflowed the worker's stack. So repetitions longer than FLAT_OVER are
+# written with GBNF's own counted repetition, c{0,30000}, which llama.cpp expands into a chain of
+# rules without recursing (and whose stacks stay flat while sampling, each link a tail call): the
+# bound is then enforced by the grammar itself, to the character. MAX_REPEAT only stops a schema
+# from asking for more rules than any context could fill.
+FLAT_OVER = 32
+MAX_REPEAT = 100_000
 MAX_DEPTH = 32
 _REPEAT_KEYS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties")
 _QUANT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
@@ -29,7 +35,7 @@ def check_schema_bounds(schema: Any, path: str = "schema", depth: int = 0) -> No
         for key, value in schema.items():
             if key in _REPEAT_KEYS and isinstance(value, int | float) and value > MAX_REPEAT:
                 raise GrammarError(f"{path}.{key} is {value}; llmd enforces schemas with bounds up to {MAX_REPEAT} "
-                                   "(ask for fewer, or leave the bound out)", "response_format")
+                                   "(more than any context holds: leave the bound out)", "response_format")
             if key == "pattern" and isinstance(value, str):
                 for m in _QUANT.finditer(value):
                     n = max(int(m.group(1)), int(m.group(2) or 0))
@@ -48,10 +54,35 @@ _LOOSE_CHAR = 'char ::= [^"\\\\] |'
 _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
+def _flat_repetition(item_rule: str, min_items: int, max_items: int | None, separator_rule: str | None = None,
+                     item_rule_is_literal: bool = False) -> str:
+    """llama-cpp-python's _build_repetition, with long bounded repetitions in GBNF's x{m,n} form."""
+    if max_items is None or max(min_items, max_items - min_items) <= FLAT_OVER:
+        return _nested_repetition(item_rule, min_items, max_items, separator_rule, item_rule_is_literal)
+    if not separator_rule:
+        return f"({item_rule}){{{min_items},{max_items}}}"
+    rest = f"({separator_rule} {item_rule}){{{max(0, min_items - 1)},{max_items - 1}}}"
+    return f"{item_rule} {rest}" if min_items > 0 else f"({item_rule} {rest})?"
+
+
+_nested_repetition: Any = None
+
+
+def _use_flat_repetition() -> None:
+    """Point the converter at _flat_repetition (it looks _build_repetition up at each call)."""
+    global _nested_repetition
+    from llama_cpp import llama_grammar
+
+    if _nested_repetition is None:
+        _nested_repetition = llama_grammar._build_repetition
+        llama_grammar._build_repetition = _flat_repetition
+
+
 def schema_grammar(schema: Any, field: str = "response_format") -> str:
     """GBNF for a JSON schema, with JSON's own string rules."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+    _use_flat_repetition()
     try:
         gbnf = json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # the converter raises bare Exceptions on unsupported schemas

@@ -329,6 +329,6 @@ routes = [
     Route("/llmd/models/active", set_active, methods=["POST"]),
     Route("/llmd/models/pair", pair_model, methods=["POST"]),
     Route("/llmd/speculation", set_speculation, methods=["POST"]),
-    Route("/llmd/models/{name:str}", show_model, methods=["GET"]),
-    Route("/llmd/models/{name:str}", remove_model, methods=["DELETE"]),
+    Route("/llmd/models/{name:path}", show_model, methods=["GET"]),
+    Route("/llmd/models/{name:path}", remove_model, methods=["DELETE"]),
 ]

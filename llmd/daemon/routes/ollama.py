@@ -326,6 +326,15 @@ async def tags(request: Request) -> Response:
     return JSONResponse({"models": models})
 
 
+def _vram(info: dict[str, Any], size: int) -> int:
+    """The share of a loaded model in GPU memory: all of it on TensorRT-LLM, the offloaded layers'
+    share on llama.cpp (their weights and KV cache), none on the CPU."""
+    if info.get("engine") == "tensorrt":
+        return int(size)
+    layers, n_layer = int(info.get("gpu_layers") or 0), int(info.get("n_layer") or 0)
+    return int(size * layers / n_layer) if layers and n_layer else 0
+
+
 async def ps(request: Request) -> Response:
     scheduler = request.app.state.scheduler
     registry = request.app.state.registry
@@ -335,10 +344,22 @@ async def ps(request: Request) -> Response:
         exp = scheduler.expires_at(name)
         expires = (datetime.fromtimestamp(exp, timezone.utc).isoformat().replace("+00:00", "Z")
                    if exp is not None else "2318-08-30T00:00:00Z")
-        out.append({"name": _tagged(name), "model": _tagged(name), "size": w.info.get("memory_estimate", {}).get("total", m["size"]),
+        size = w.info.get("memory_estimate", {}).get("total", m["size"])
+        out.append({"name": _tagged(name), "model": _tagged(name), "size": size,
                     "digest": m["digest"].removeprefix("sha256:"), "details": _details(m), "expires_at": expires,
-                    "size_vram": 0, "context_length": w.cfg.n_ctx})
+                    "size_vram": _vram(w.info, size), "context_length": w.cfg.n_ctx})
     return JSONResponse({"models": out})
+
+
+def capabilities(info: Any) -> list[str]:
+    """What Ollama's /api/show says a model can do: an embedding model embeds; a chat model
+    completes, calls tools when its template renders them, and thinks when it writes <think>."""
+    if info is None:  # a TensorRT folder or a remote model: it chats
+        return ["completion"]
+    if info.embedding_only:
+        return ["embedding"]
+    fmt = detect(info.chat_template)
+    return ["completion"] + (["tools"] if fmt.native_tools else []) + (["thinking"] if fmt.thinking else [])
 
 
 async def show(request: Request) -> Response:
@@ -359,8 +380,7 @@ async def show(request: Request) -> Response:
         "template": (info.chat_template if info else None) or "",
         "details": _details(m),
         "model_info": model_info,
-        "capabilities": ["completion", "tools"] + (["thinking"] if detect(info.chat_template if info else None).thinking
-                                                   else []) + (["embedding"] if info else []),
+        "capabilities": capabilities(info),
         "modified_at": _modified(m),
     })
 

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from llmd.daemon.routes._common import canonical_name, parse_body
 from llmd.daemon.security import authorize
-from llmd.errors import BadRequest, LlmdError
+from llmd.errors import BadRequest, LlmdError, UpstreamError
 from llmd.models.hub import HubFile, PullPlan, is_hub_ref, pull
 
 PROGRESS_EVERY_S = 0.25  # at most this often per file: a client redraws its bar, nothing more
@@ -90,7 +90,12 @@ async def pull_model(request: Request) -> Response:
 
     def run() -> dict[str, Any]:
         try:
-            row = pull(name, registry, models_dir, progress, on_plan=planned)
+            try:
+                row = pull(name, registry, models_dir, progress, on_plan=planned)
+            except LlmdError:
+                raise
+            except Exception as e:  # whatever failed, the client gets an error it can read, never a cut stream
+                raise UpstreamError(f"pulling {name} failed ({type(e).__name__}: {e}); pull again to resume") from e
             put({"status": "verifying sha256 digest"})
             put({"status": "writing manifest"})
             put({"status": "success"})

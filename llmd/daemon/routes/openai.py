@@ -417,7 +417,7 @@ async def get_model(request: Request) -> Response:
 
 
 routes = [
-    Route("/v1/models/{id:str}", get_model, methods=["GET"]),
+    Route("/v1/models/{id:path}", get_model, methods=["GET"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
