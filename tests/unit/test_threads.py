@@ -85,3 +85,25 @@ def test_back_from_idle_starts_at_the_full_count(gov, monkeypatch: pytest.Monkey
     m.busy += 5.0 * 2
     assert g.check() == 4 and "back from idle" in g.reason
     assert g.check() == 2  # busy still: the next window, the request's own, decides
+
+
+def test_a_window_never_spans_time_the_engine_waited(gov):
+    """Another program's burst while the engine waited between two requests (a peer server's turn)
+    is not contention: the window starts again with the next step, at the count it had."""
+    g, m, load = gov
+    assert g.check() is None and g.threads == 4
+    g.done()
+    m.wall += 0.5  # the engine waits half a second; another program keeps 2 cores busy meanwhile
+    m.busy += 0.5 * 2
+    assert g.check() is None and g.threads == 4  # not decided on that half second
+    load[0] = 0.0
+    assert g.check() is None and g.threads == 4  # the request's own window: quiet
+    load[0] = 2.0
+    assert g.check() == 2  # contention while the engine works is still seen at once
+
+
+def test_back_to_back_steps_keep_one_window(gov):
+    g, m, load = gov
+    load[0] = 2.0
+    g.done()  # the next check comes within IDLE_GAP_S (the fixture's clock does not move between)
+    assert g.check() == 2

@@ -192,7 +192,10 @@ class LlamaCppEngine:
             n_ctx = min(self.cfg.n_ctx, int(self._L.llama_model_n_ctx_train(self.model)) or self.cfg.n_ctx)
             self.embedder = Embedder(self.model, self.vocab, n_ctx, self.governor.threads, self.cfg.repack)
         self._choose_threads()
-        return self.embedder.embed(req, self.heartbeat)
+        try:
+            return self.embedder.embed(req, self.heartbeat)
+        finally:
+            self.governor.done()
 
     def cancel(self, request_id: str) -> None:
         for i, (req, _) in enumerate(self.waiting):
@@ -315,6 +318,7 @@ class LlamaCppEngine:
                 self._idle_work()
         else:
             self._step_times.append(time.perf_counter() - t0)
+        self.governor.done()
         return events
 
     def _choose_threads(self) -> None:

@@ -7,9 +7,12 @@ two threads ran 35x slower than with one. So while the engine works, every CHECK
 much CPU time the machine spent outside this process since the last check (psutil: the system's
 busy time minus llmd's own) and gives up one thread for every core that others keep
 busy. It takes a thread back only after two quiet checks in a row, so a short burst elsewhere
-does not flap the count. After an idle spell it starts again at the full count and measures the
-request's own moments, not what ran before it. Reading two counters four times a second costs
-nothing measurable.
+does not flap the count. A window never spans time the engine was not working (the engine says
+when each step is done): what other programs did while llmd waited (another server's turn in a
+benchmark, a build that has ended) says nothing about contention with llmd's own threads, and a
+window holding a peer's 0.3 s burst between two short chats once put every short chat on one
+thread, at twice the time to first token. After an idle spell of IDLE_S it also starts again at
+the full count. Reading two counters four times a second costs nothing measurable.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ LOG_EVERY_S = 10.0  # at most one log line about a change per this many seconds
 # happened before the request (a build that has ended, another server's turn in a benchmark), so
 # the first check after idle starts a new window at the full count instead of deciding on the old.
 IDLE_S = 1.0
+# More than this between the end of one step and the start of the next: the engine waited (for a
+# request, a command) rather than worked, and the window starts again at this step. Back-to-back
+# steps are a few milliseconds apart (the worker relays events and polls its pipe in between).
+IDLE_GAP_S = 0.05
 
 
 @dataclass
@@ -58,12 +65,24 @@ class ThreadGovernor:
         self._last = self._sample() if not fixed else None
         self._quiet = 0
         self._logged = 0.0
+        self._done_at: float | None = None  # when the last step ended
+
+    def done(self) -> None:
+        """The engine finished a step (called after each)."""
+        self._done_at = time.perf_counter()
 
     def check(self) -> int | None:
         """The new thread count when it should change now, else None. Called before each step."""
         if self.fixed:
             return None
         now = time.perf_counter()
+        if self._done_at is not None and now - self._done_at > IDLE_GAP_S:
+            waited, self._done_at = now - self._done_at, None
+            self._last, self._quiet = self._sample(now), 0  # the window starts with this step
+            if waited > IDLE_S and self.threads != self.most:
+                self.threads, self.reason = self.most, f"{self.most} of {self.most}: back from idle, measuring again"
+                return self.most
+            return None
         last = self._last
         assert last is not None
         if now - last.wall < CHECK_S:

@@ -223,7 +223,10 @@ class Run:
                     "finish_reason": self.final.finish_reason if self.final else None,
                     "prompt_tokens": u.prompt_tokens if u else None, "cached_tokens": u.cached_tokens if u else None,
                     "completion_tokens": u.completion_tokens if u else None,
-                    "dropped_messages": u.dropped_messages if u else None})
+                    "dropped_messages": u.dropped_messages if u else None,
+                    # where the first token's time went, as the engine measured it
+                    "queue_s": round(u.queue_s, 4) if u else None, "prefill_s": round(u.prefill_s, 4) if u else None,
+                    "engine_ttft_s": round(u.ttft_s, 4) if u else None})
                 self.metrics.observe(self.model, self.api, outcome, ttft, self.gaps, end - self.t_start,
                                      self.final.usage if self.final else None, self.cache, self.backend)
 
