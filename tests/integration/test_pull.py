@@ -169,7 +169,8 @@ def test_a_listed_file_name_outside_the_models_folder_is_refused(tmp_path: Path,
     env = env_for(tmp_path / "home", server)
     r = llmd(env, "pull", "test-org/Evil-GGUF:Q4_1")
     assert r.returncode != 0 and "outside" in r.stderr, r.stderr
-    assert not list(tmp_path.rglob("evil*")) and not fake.downloads and not registered(env)
+    assert not list(tmp_path.rglob("evil*")) and not fake.downloads
+    assert not [n for n in registered(env) if "evil" in n.lower()]
 
 
 def test_a_streamed_pull_that_cannot_reach_the_hub_ends_with_an_error_line(tmp_path: Path):

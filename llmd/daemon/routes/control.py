@@ -48,15 +48,20 @@ class ClearCacheBody(BaseModel):
     prefixes: bool = True
 
 
+# a model name: Ollama-style, parts separated by "/" as imported and Hub names have them
+# (hf.co/org/repo:Q4_K_M), each part starting with a letter or digit (no empty or ".." parts)
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*(/[A-Za-z0-9][A-Za-z0-9._:-]*)*$"
+
+
 class AddModelBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str = Field(min_length=1)
-    name: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    name: str | None = Field(default=None, min_length=1, pattern=MODEL_NAME)
 
 
 class AddRemoteBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    name: str = Field(min_length=1, pattern=MODEL_NAME)
     urls: list[str] = Field(min_length=1, max_length=32)
     upstream_model: str | None = Field(default=None, min_length=1)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")

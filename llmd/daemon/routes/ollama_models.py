@@ -22,7 +22,7 @@ from starlette.routing import Route
 from llmd.daemon.routes._common import canonical_name, parse_body
 from llmd.daemon.security import authorize
 from llmd.errors import BadRequest, LlmdError, UpstreamError
-from llmd.models.hub import HubFile, PullPlan, is_hub_ref, pull
+from llmd.models.hub import HubFile, PullPlan, is_hub_ref, parse_ref, pull
 
 PROGRESS_EVERY_S = 0.25  # at most this often per file: a client redraws its bar, nothing more
 
@@ -66,6 +66,7 @@ async def pull_model(request: Request) -> Response:
         raise BadRequest(f"llmd pulls GGUF models from the Hugging Face Hub; {name!r} is not registered and not a "
                          "Hub reference: pull hf.co/USER/REPO[:QUANT] (e.g. hf.co/bartowski/Qwen2.5-0.5B-Instruct-GGUF"
                          ":Q4_K_M)", "model")
+    parse_ref(name)  # a malformed reference is a 400 before any stream starts
     models_dir = request.app.state.settings.paths.models_dir
     lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
