@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from llmd.backends.select import probe
 from llmd.config import Settings
+from llmd.daemon.arrivals import ArrivalMiddleware
 from llmd.daemon.metrics import Metrics
 from llmd.daemon.response_cache import ResponseCache
 from llmd.daemon.routes import anthropic, control, embeddings, ollama, ollama_models, openai, responses
@@ -94,7 +95,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
               *control.routes, *openapi.routes]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(SecurityMiddleware, settings=settings)],
+        middleware=[Middleware(SecurityMiddleware, settings=settings), Middleware(ArrivalMiddleware)],
         exception_handlers={LlmdError: _llmd_error, 404: _not_found, 405: _not_allowed},
         lifespan=lifespan,
     )

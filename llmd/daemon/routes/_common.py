@@ -20,6 +20,7 @@ from starlette.requests import Request
 from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
 from llmd.backends.repack import llama_cpp_version
 from llmd.chat.formats import STRUCTURED, ChatFormat, detect
+from llmd.daemon.arrivals import COUNTED
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.daemon.scheduler import Admission
 from llmd.errors import BadRequest, ClientGone, LlmdError
@@ -333,7 +334,9 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
 
 async def _start(request: Request, model: str | None, req: GenerationRequest, wait: float | None) -> Run:
     scheduler = request.app.state.scheduler
-    scheduler.preparing += 1  # the batching hint (scheduler.Admission)
+    if not request.scope.get(COUNTED):  # counted at arrival by ArrivalMiddleware, else here
+        scheduler.preparing += 1  # the batching hint (scheduler.Admission)
+    request.scope[COUNTED] = False  # from here the count is this function's: submission takes it out
     admission = Admission()
     try:
         return await _prepare_run(request, model, req, admission, wait)
