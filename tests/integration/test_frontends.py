@@ -1,8 +1,9 @@
 """The front ends people point at a local server, driven as their users do, against a real daemon
-with llmd's defaults and the real Qwen2.5-Coder-1.5B: Codex CLI (`exec --oss`, and with llmd as a
-provider in config.toml), opencode (`run`, llmd as an OpenAI-compatible provider) and aider
-(`--message`, the OpenAI and the Ollama provider). Each app talks to llmd through a recording
-proxy (tests/recorder.py): the test lists the routes it used and asserts none answered 4xx/5xx.
+with llmd's defaults and the real Qwen2.5-Coder-1.5B: Open WebUI in a real browser (playwright and
+Debian's chromium), Codex CLI (`exec --oss`, and with llmd as a provider in config.toml), opencode
+(`run`, llmd as an OpenAI-compatible provider) and aider (`--message`, the OpenAI and the Ollama
+provider). Each app talks to llmd through a recording proxy (tests/recorder.py): the test lists
+the routes it used and asserts none answered 4xx/5xx.
 
 The apps come from scripts/install-frontends.sh (pinned; .ci/run installs them). Codex's and
 opencode's own prompts are 8.6k and 7.2k tokens: the first cold prefill of each takes about three
@@ -16,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +31,8 @@ QWEN = "qwen2.5-coder-1.5b"
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "tests" / "frontends" / "node_modules" / ".bin"
 AIDER = Path.home() / ".cache" / "llmd" / "apps" / "aider-0.86.2" / "bin" / "aider"
+OPEN_WEBUI = Path.home() / ".cache" / "llmd" / "apps" / "open-webui-0.12.4" / "bin" / "open-webui"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TASK = "Create a file named hello.txt that contains the word hi."
 
 
@@ -41,7 +45,7 @@ def needs(path: Path) -> pytest.MarkDecorator:
 def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     # llmd's defaults (auto context, auto speculation with the 0.5B paired automatically)
     daemon = start_with_models(tmp_path_factory.mktemp("frontends") / "home", {"LLMD_MODEL": QWEN},
-                               (QWEN, "qwen2.5-coder-0.5b"))
+                               (QWEN, "qwen2.5-coder-0.5b", "nomic-embed-text"))
     yield daemon
     daemon.stop()
     gc.collect()
@@ -126,3 +130,110 @@ def test_the_apps_are_pinned():
     pkg = (ROOT / "tests" / "frontends" / "package.json").read_text()
     assert '"@openai/codex": "0.171.0"' in pkg and '"opencode-ai": "1.18.33"' in pkg
     assert "aider-0.86.2" in str(AIDER) and "AIDER_VERSION=0.86.2" in (ROOT / "scripts" / "install-frontends.sh").read_text()
+
+
+@pytest.fixture
+def webui(rec: Recorder, tmp_path: Path) -> Iterator[str]:
+    """Open WebUI as its docs run it against Ollama (OLLAMA_BASE_URL), its own settings otherwise:
+    no login (WEBUI_AUTH=False), a temp DATA_DIR, documents embedded through Ollama's API with
+    nomic-embed-text (its default embedder would be downloaded from the Hub, and nothing is)."""
+    import httpx
+    from conftest import free_port
+
+    port = free_port()
+    env = {**os.environ, "WEBUI_AUTH": "False", "DATA_DIR": str(tmp_path / "webui"), "OLLAMA_BASE_URL": rec.url,
+           "ENABLE_OPENAI_API": "False", "RAG_EMBEDDING_ENGINE": "ollama", "RAG_EMBEDDING_MODEL": "nomic-embed-text",
+           "RAG_OLLAMA_BASE_URL": rec.url, "OFFLINE_MODE": "True", "HF_HUB_OFFLINE": "1",
+           "WEBUI_SECRET_KEY": "llmd-test", "ENABLE_VERSION_UPDATE_CHECK": "False", "HOME": str(tmp_path),
+           "ANONYMIZED_TELEMETRY": "False", "DO_NOT_TRACK": "True", "SCARF_NO_ANALYTICS": "True"}
+    (tmp_path / "webui").mkdir()
+    log = (tmp_path / "webui.log").open("w")
+    proc = subprocess.Popen([str(OPEN_WEBUI), "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            assert proc.poll() is None, (tmp_path / "webui.log").read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@needs(OPEN_WEBUI)
+@pytest.mark.skipif(not CHROMIUM and not os.environ.get("CI"), reason="chromium is not installed (CI installs it)")
+def test_open_webui_in_a_browser(rec: Recorder, webui: str, tmp_path: Path):
+    """As a user: pick the model, two turns, regenerate, stop a reply midway, attach a document and
+    ask about it. Open WebUI's defaults include its built-in tools: the first prompt is ~6.6k tokens
+    (its cold prefill is most of this test's time; the later turns reuse it)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    doc = tmp_path / "harbour-notes.txt"
+    doc.write_text("Harbour notes.\nThe keeper's secret word is PELICAN.\nThe lamp is lit at dusk.\n")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(30_000)
+        page.goto(webui + "/", wait_until="load", timeout=120_000)
+        page.get_by_text("Okay, Let's Go!").click()  # the release notes shown at a first visit
+        page.click("#model-selector-model-button")
+        page.click(f"button[aria-label='Select {QWEN}:latest model']")  # listed from /api/tags
+        expect(page.locator("#model-selector-model-button")).to_contain_text(QWEN)
+        replies = page.locator("#response-content-container")
+        regenerate = page.locator("button[aria-label='Regenerate']")
+
+        def ask(text: str, n: int, timeout: float = 600_000) -> str:
+            """Send `text` and wait until the n-th reply is finished (its Regenerate button shows)."""
+            page.click("#chat-input")
+            page.keyboard.type(text)
+            page.keyboard.press("Enter")
+            expect(regenerate).to_have_count(n, timeout=timeout)
+            return replies.nth(n - 1).inner_text()
+
+        first = ask("Write a haiku about the sea.", 1, timeout=900_000)
+        assert first.strip(), "the first reply is empty"
+        second = ask("Now write one about mountains.", 2)
+        assert second.strip() and second != first
+        regenerate.last.click()  # a menu: try again, add details, more concise
+        page.get_by_role("button", name="Try Again").click()  # a new reply to the same turn, shown as 2/2
+        expect(page.get_by_text("2/2")).to_be_visible(timeout=300_000)
+        expect(regenerate).to_have_count(2, timeout=300_000)
+        assert replies.last.inner_text().strip()
+
+        page.click("#chat-input")
+        page.keyboard.type("Write a very long story about a lighthouse keeper and his cat.")
+        page.keyboard.press("Enter")
+        expect(replies).to_have_count(3, timeout=300_000)
+        page.wait_for_function("() => { const r = document.querySelectorAll('#response-content-container');"
+                               " return r.length >= 3 && r[2].innerText.length > 40; }", timeout=300_000)
+        page.click("button[aria-label='Stop']")
+        time.sleep(3)
+        stopped = replies.nth(2).inner_text()
+        time.sleep(3)
+        assert replies.nth(2).inner_text() == stopped, "the reply kept growing after Stop"
+
+        page.locator("input[type=file]:not(#camera-input)").set_input_files(str(doc))
+        expect(page.get_by_text("harbour-notes.txt").first).to_be_visible()
+        time.sleep(2)  # embedded through /api/embed before the question goes
+        answer = ask("What is the keeper's secret word in the attached notes? Answer with the word only.", 4)
+        browser.close()
+    assert "PELICAN" in answer.upper(), answer
+    routes = rec.routes()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with (ARTIFACTS / "frontends.jsonl").open("a") as f:
+        f.write(json.dumps({"app": "open-webui", **summary(rec), "calls": len(rec.calls)}) + "\n")
+    assert not rec.failed(), summary(rec)
+    for route in ("GET /api/tags", "POST /api/chat", "POST /api/embed"):
+        assert route in routes, summary(rec)
