@@ -102,6 +102,7 @@ class Registry:
         # request looks its model up several times, and a query costs more than the request's own work
         self._rows: dict[str, dict[str, Any] | None] = {}
         self._seen_version: tuple[int, int] = (-1, -1)
+        self._names: list[str] | None = None
         # one connection, used from the event loop and from threads (add, pull, remove, import): a
         # transaction of one would commit or roll back another's, and the row cache is shared. Every
         # use of either holds this lock; slow work (reading and hashing a file) is done before.
@@ -215,6 +216,15 @@ class Registry:
             self.db.table("models").insert(row)
             return self.get(destination)
 
+    def names(self) -> list[str]:
+        """The registered names, sorted; read again only after a write (for the tray's state,
+        which every /llmd/events subscriber asks for at each change)."""
+        with self._lock:
+            self._fresh_version()
+            if self._names is None:
+                self._names = [r[0] for r in self.db.execute("select name from models order by name")]
+            return list(self._names)
+
     def list(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.db.table("models").rows_where(order_by="name"))
@@ -242,12 +252,17 @@ class Registry:
             rows = list(self.db.table("models").rows_where("lower(origin) = lower(?)", [origin]))
         return rows[0] if rows else None
 
+    def _fresh_version(self) -> None:
+        """Forget cached rows when any connection (this one, or a CLI's) has written since."""
+        version = (self.db.execute("PRAGMA data_version").fetchone()[0], self.db.conn.total_changes)
+        if version != self._seen_version:
+            self._rows.clear()
+            self._names = None
+            self._seen_version = version
+
     def _row(self, name: str) -> dict[str, Any] | None:
         with self._lock:
-            version = (self.db.execute("PRAGMA data_version").fetchone()[0], self.db.conn.total_changes)
-            if version != self._seen_version:
-                self._rows.clear()
-                self._seen_version = version
+            self._fresh_version()
             if name not in self._rows:
                 rows = list(self.db.table("models").rows_where("name = ?", [name]))
                 self._rows[name] = rows[0] if rows else None

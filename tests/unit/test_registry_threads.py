@@ -71,3 +71,15 @@ def test_two_threads_adding_one_name_get_one_row_and_one_clear_refusal(tmp_path:
     for th in threads:
         th.join()
     assert sorted(results) == ["added"] + ["taken"] * 7
+
+
+def test_names_are_read_again_only_after_a_write(tmp_path: Path):
+    reg = Registry(tmp_path / "registry.db", tmp_path / "models")
+    reg.add_remote("b-model", SPEC, "openai")
+    assert reg.names() == ["b-model"]
+    queries: list[str] = []
+    reg.db.conn.set_trace_callback(queries.append)
+    assert reg.names() == ["b-model"] and not [q for q in queries if "from models" in q]  # cached
+    other = Registry(tmp_path / "registry.db", tmp_path / "models")  # a CLI's connection writes
+    other.add_remote("a-model", SPEC, "openai")
+    assert reg.names() == ["a-model", "b-model"]

@@ -277,13 +277,14 @@ async def tray_state(request: Request) -> dict[str, Any]:
     points = [p for p in app.state.metrics.history if p.get("ttft_p50") is not None]
     last = points[-1] if points else {}
     rc = app.state.response_cache
-    rs = rc.stats() if rc is not None else {}
+    # running counters only: no table scan, no lock a writer thread holds (each subscriber asks)
+    rs = {"hits": rc.hits, "misses": rc.misses} if rc is not None else {}
     lookups = rs.get("hits", 0) + rs.get("misses", 0)
     choice = scheduler.choices.get(scheduler.active_model)
     return {
         "active_model": scheduler.active_model,
         "speculation": scheduler.speculation,
-        "models": [m["name"] for m in app.state.registry.list()],
+        "models": app.state.registry.names(),
         "loaded": sorted(scheduler.workers),
         "loading": scheduler.loading,
         "requests_in_flight": scheduler.in_flight,
