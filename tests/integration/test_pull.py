@@ -122,8 +122,11 @@ def test_an_interrupted_pull_resumes_with_a_range_request(tmp_path: Path, hub):
     fake, server = hub
     fake.rate = 8 * 2**20  # 8 MiB/s: about 12 s for the file
     env = env_for(tmp_path / "home", server)
+    # Ctrl-C's default: a shell's background job (`cmd &`) starts with SIGINT ignored, and its
+    # children inherit that (Python then never raises KeyboardInterrupt)
     proc = subprocess.Popen([sys.executable, "-m", "llmd", "pull", REPO + ":Q4_1"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     part = tmp_path / "home" / "data" / "models" / "hf" / REPO.replace("/", "--") / (FILE + ".part")
     deadline = time.monotonic() + 60
     while (not part.exists() or part.stat().st_size < 10 * 2**20) and time.monotonic() < deadline:
