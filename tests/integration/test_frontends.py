@@ -172,6 +172,7 @@ def webui(rec: Recorder, tmp_path: Path) -> Iterator[str]:
 
 @needs(OPEN_WEBUI)
 @pytest.mark.skipif(not CHROMIUM and not os.environ.get("CI"), reason="chromium is not installed (CI installs it)")
+@pytest.mark.timeout(1500)  # 4.5 min here; its 6.6k-token cold prefill takes longer on a slower machine
 def test_open_webui_in_a_browser(rec: Recorder, webui: str, tmp_path: Path):
     """As a user: pick the model, two turns, regenerate, stop a reply midway, attach a document and
     ask about it. Open WebUI's defaults include its built-in tools: the first prompt is ~6.6k tokens
