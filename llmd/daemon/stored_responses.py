@@ -42,6 +42,7 @@ class StoredResponses:
         self._lock = threading.Lock()
         self.db = open_cache_db(path, MIGRATIONS)
         self.pruned = 0  # removed for room (not for age) since the start
+        self._bytes = 0  # the size of what is stored (its characters), counted once here, then kept up
         with self._lock:
             self._expire()
             self._bytes = int(self.db.execute(f"select coalesce(sum({SIZE}), 0) from stored").fetchone()[0])
@@ -67,7 +68,7 @@ class StoredResponses:
         with self.db.conn:
             gone = self.db.conn.execute(f"delete from stored where created_at < ? returning {SIZE}",
                                         [time.time() - KEEP_S]).fetchall()
-        self._bytes = getattr(self, "_bytes", 0) - sum(r[0] for r in gone)
+        self._bytes -= sum(r[0] for r in gone)
         self._expired = time.monotonic()
 
     def _prune(self, keep: str) -> None:
