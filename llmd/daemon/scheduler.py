@@ -283,6 +283,9 @@ class Scheduler:
             log.warning("weight repacking (%s) crashed on this CPU while loading %s (%s); loading again without it",
                         self.repack_record.kind, name, how)
             worker = await self._start(replace(cfg, repack=False), choice.backend)
+            # handled: that crash was the probe of repacking on this CPU, not a worker that keeps
+            # dying (counted, two deaths later in the minute would stop the model on every AMX CPU)
+            self._crash_times[name].pop()
             entries = [self.repack_record.write_crash(ft, name, how) for ft in file_types]
             decision = Decision(False, entries[0]["reason"], entries[0])
             log.warning("%s (recorded in %s for %s)", decision.reason, self.repack_record.path, "/".join(file_types))

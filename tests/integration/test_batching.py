@@ -196,3 +196,32 @@ def test_nothing_leaks_after_200_mixed_requests(any8: Daemon):
     assert httpx.get(daemon8.url + "/llmd/status").json()["requests_in_flight"] == 0
     growth = proc.memory_info().rss - rss_before
     assert growth < 40 * 1024 * 1024, f"worker RSS grew {growth / 1e6:.1f} MB over 200 requests"
+
+
+RULES = ("You are the help desk of a small public library. Answer in one short sentence. "
+         + " ".join(f"Rule {i}: be polite, be brief and never invent facts about shelf {i}." for i in range(1, 9)))
+
+
+def chat(url: str, system: str, question: str, max_tokens: int = 24) -> tuple[str, dict]:
+    r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": max_tokens, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"], r.json()["usage"]
+
+
+def test_a_shared_system_prompt_is_copied_from_the_slot_that_holds_it(fast8: Daemon):
+    """Requests arriving together share a system prompt that one slot holds (too short for the
+    prefix cache, under 256 tokens with its reply): one of them takes that slot, the others get
+    its KV copied instead of computing it again, and answer from it as well."""
+    _, first = chat(fast8.url, RULES, "Hello.")
+    system_tokens = first["prompt_tokens"] - 10  # the rules and the template, without the question
+    assert 120 < system_tokens and first["prompt_tokens"] + first["completion_tokens"] < 256
+    before = worker_stats(fast8.url)["stats"]["kv_copies"]["copies"]
+    with cf.ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda i: chat(fast8.url, RULES, f"What is the capital of France? ({i})"), range(3)))
+    copies = worker_stats(fast8.url)["stats"]["kv_copies"]
+    assert copies["copies"] >= before + 1, copies
+    for text, usage in got:
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= system_tokens, usage
+        assert "Paris" in text, got

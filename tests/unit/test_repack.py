@@ -33,3 +33,18 @@ def test_a_damaged_record_is_ignored(tmp_path: Path):
     path = tmp_path / "repack.json"
     path.write_text("{not json")
     assert RepackRecord(path).decide("auto", ("Q4_1",)).repack is True
+
+
+def test_repacked_weights_are_read_not_mapped(monkeypatch):
+    """Mapped, the file pages a repacked weight was copied from stay resident beside the copy."""
+    import llama_cpp as L
+
+    from llmd.backends.llamacpp.context import load_model
+
+    seen: list[tuple[bool, bool]] = []
+    monkeypatch.setattr(L, "llama_model_load_from_file",
+                        lambda path, mp: seen.append((mp.use_extra_bufts, mp.use_mmap)) or 1)
+    load_model("m.gguf", 0, repack=True)
+    load_model("m.gguf", 0, repack=False)
+    load_model("m.gguf", 8, repack=True)  # offloaded layers are copied to the GPU: mapping costs nothing there
+    assert seen == [(True, False), (False, True), (True, True)]

@@ -38,6 +38,11 @@ def load_model(path: str, gpu_layers: int = 0, repack: bool = True, what: str = 
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = gpu_layers
     mp.use_extra_bufts = repack  # weight repacking (AMX and others): off where it crashed
+    # Repacked weights are copied out of the file into a buffer of their own; with the file mapped,
+    # the pages they were copied from stay resident beside the copy (measured on AMD with the
+    # 1.5B model: RSS 1.47x the estimate, against 1.09x without repacking). Read, not mapped,
+    # when repacking on the CPU: each weight is then held once.
+    mp.use_mmap = not (repack and gpu_layers == 0)
     model = L.llama_model_load_from_file(path.encode(), mp)
     if not model:
         raise EngineError(f"llama.cpp could not load {what or 'the model'} {path}; is it a complete GGUF file?")

@@ -13,10 +13,11 @@ slot with its own native sampler chain. Two batching policies (DESIGN: Two batch
   slots re-prefill their replies. Greedy output is then the same whatever is cached or running.
 Both keep one KV stream per slot (see __init__ for the measurements).
 
-It stays one module of about 670 lines because the step loop's parts (admission, disk reads in
+It stays one module of about 790 lines because the step loop's parts (admission, disk reads in
 flight, the batch, sampling, finishing, idle work) all act on the same slots and batch; what can
 stand alone lives beside it: context.py (llama.cpp setup), chunks.py (exact chunk boundaries),
-prefix_cache.py (restore and save; its reader and writer threads), speculation.py, slots.py.
+prefix_cache.py (restore and save; its reader and writer threads), kv_copy.py (a prefix copied
+from another slot), speculation.py, slots.py.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from llmd.backends.llamacpp.context import (
 )
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
+from llmd.backends.llamacpp.kv_copy import PrefixCopier, lost
 from llmd.backends.llamacpp.prefix_cache import Hit, PrefixCache
 from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for, grammar_for_tools, token_logprobs
 from llmd.backends.llamacpp.slots import Active, Slot
@@ -148,7 +150,13 @@ class LlamaCppEngine:
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
         self.prefix = (PrefixCache(cfg.prefix_dir, cfg.prefix_max_bytes, cfg.prefix_ram_bytes, cfg.model_digest,
                                    cfg.chunk, cfg.exact, cfg.prefix_min_tokens) if cfg.model_digest else None)
-        self._warm_up()
+        t_warm = time.perf_counter()
+        n_warm = self._warm_up()
+        # a first estimate of the prefill cost per token (a cold first decode: on the high side),
+        # refined by every prefill step; the KV copy's cost is the size of one slot's stream
+        head = L.llama_model_n_embd(self.model) // max(1, L.llama_model_n_head(self.model))
+        kv_token = 2 * 2 * L.llama_model_n_layer(self.model) * L.llama_model_n_head_kv(self.model) * head
+        self.copier = PrefixCopier(cfg.n_ctx * kv_token, (time.perf_counter() - t_warm) / n_warm)
         self.spec = Speculator(*self._load_draft())
         self.embedder: Embedder | None = None
         self.load_s = time.perf_counter() - t0
@@ -245,6 +253,7 @@ class LlamaCppEngine:
             "threads": self.governor.info(),
             "speculation": self.spec.stats(),
             "prefix_cache": self.prefix.info() if self.prefix is not None else {"enabled": False},
+            "kv_copies": self.copier.info(),
             "profile": self.profiler.summary(),
         }
 
@@ -379,6 +388,11 @@ class LlamaCppEngine:
                 return
             slot, reuse = self._place(active, hit)
             slot.truncate(self._L, self.mem, reuse)
+            if not self.exact and active.req.cache_prompt:  # another slot may hold more of the prompt
+                donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable)
+                if donor is not None:
+                    self.copier.copy(self._L, self.mem, donor[0], slot, donor[1])
+                    reuse = donor[1]
             active.cached = active.pos = reuse
             active.t_admitted = time.perf_counter()
             slot.active = active
@@ -392,14 +406,27 @@ class LlamaCppEngine:
             return self.prefix.lookup(active.prompt, live)
 
     def _place(self, active: Active, hit: Hit | None) -> tuple[Slot, int]:
-        """The free slot holding most of the prompt (else the least recently used), or the one the
-        prefix cache's `hit` is restored into when it serves more; and how many prompt tokens it serves."""
+        """The free slot that serves most of the prompt for the least KV it overwrites, or the one
+        the prefix cache's `hit` is restored into when it serves more; and how many prompt tokens
+        it serves. A slot's own KV counts, and (fast policy) a copy of what another slot holds: a
+        prompt sharing only a few tokens with a slot that holds a long conversation or a shared
+        system prompt goes to an emptier slot instead of overwriting it (measured: a chat with its
+        own system prompt matched 5 tokens of the slot holding Qwen's default one and overwrote
+        it, so four clients that came next, which share that default, all computed it again)."""
         free = [s for s in self.slots if s.active is None]
         if not active.req.cache_prompt:
-            return min(free, key=lambda s: s.last_used), 0
+            return min(free, key=lambda s: (lost(s, 0), s.last_used)), 0
         prompt = active.prompt
-        slot = max(free, key=lambda s: (self._reusable(s, prompt), -s.last_used))
-        reuse = self._reusable(slot, prompt)
+        reuse_of = {s.seq: self._reusable(s, prompt) for s in self.slots}
+        best = max(reuse_of.values())
+
+        def value(s: Slot) -> tuple[float, float]:
+            r = reuse_of[s.seq]
+            served = r if self.exact else self.copier.served(r, best)
+            return served - lost(s, r), -s.last_used
+
+        slot = max(free, key=value)
+        reuse = reuse_of[slot.seq]
         if hit is None or self.prefix is None or hit.n <= reuse:
             return slot, reuse
         # restore into the free slot whose own KV serves this prompt least, oldest first
@@ -535,6 +562,8 @@ class LlamaCppEngine:
             rc = self._llama_decode(self.batch)
             if decoding and not parts:
                 self.spec.observe(n, time.perf_counter() - t0)
+            elif parts and not decoding:
+                self.copier.observe_prefill(n, time.perf_counter() - t0)
         if rc != 0:
             for slot in [*decoding, *(p[0] for p in parts)]:
                 self._fail(slot, events, f"llama_decode returned {rc} for a batch of {n} tokens")
@@ -753,11 +782,13 @@ class LlamaCppEngine:
             L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
             scratch.forget(L, self.mem)
 
-    def _warm_up(self) -> None:
-        """Run every kernel a request will, so one that crashes does so while loading (context.warm_up)."""
+    def _warm_up(self) -> int:
+        """Run every kernel a request will, so one that crashes does so while loading (context.warm_up).
+        Returns the tokens it prefilled."""
         n = min(self.n_batch, max(64, self.chunk))
         if not warm_up(self._llama_decode, self.batch, self.mem, n, len(self.slots), self.n_vocab):
             raise EngineError(f"llama.cpp failed its warm-up decode of {self.cfg.model_name}")
+        return n
 
     # ---- llama.cpp helpers --------------------------------------------------------------------
 
