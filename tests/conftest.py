@@ -91,6 +91,11 @@ class Daemon:
         return httpx.Client(base_url=self.url, timeout=120.0, **kw)  # type: ignore[arg-type]
 
 
+def token(d: Daemon) -> dict[str, str]:
+    """The header that authorizes control routes (the token the daemon wrote in its config dir)."""
+    return {"Authorization": "Bearer " + (d.home / "config" / "token").read_text().strip()}
+
+
 @pytest.fixture(scope="session")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = Daemon(tmp_path_factory.mktemp("daemon") / "home").start()

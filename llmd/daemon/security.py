@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmd.config import Settings
+from llmd.daemon.peer import same_user
 from llmd.errors import Forbidden, LlmdError, PayloadTooLarge, Unauthorized
 
 log = logging.getLogger("llmd.security")
@@ -164,61 +165,32 @@ def load_or_create_token(config_dir: Path) -> str:
     return token
 
 
-def peer_uid(client: tuple[str, int] | None) -> int | None:
-    """The user owning the other end of a loopback TCP connection (Linux: the socket's uid in
-    /proc/net/tcp and tcp6, found by the client's own address); None when it cannot be told."""
-    if client is None or not os.path.exists("/proc/net/tcp"):
-        return None
-    host, port = client
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            local, uid = f[1], f[7]
-            addr, _, hexport = local.partition(":")
-            if int(hexport, 16) == port and _hex_ip(addr) == host.removeprefix("::ffff:"):
-                return int(uid)
-    return None
-
-
-def _hex_ip(addr: str) -> str:
-    """/proc/net/tcp's little-endian hex address as text (IPv4, IPv4-mapped IPv6, or ::1)."""
-    if len(addr) == 8:
-        return ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0))
-    words = [addr[i:i + 8] for i in range(0, 32, 8)]
-    if words[:2] == ["00000000", "00000000"] and words[2] == "FFFF0000":
-        return _hex_ip(words[3])
-    if words == ["00000000", "00000000", "00000000", "01000000"]:
-        return "::1"
-    return addr
-
-
-def authorize(request: Any, token: str) -> None:
+def authorize(request: Any, token: str, *, reads_local_files: bool = False) -> None:
     """The one rule for routes that change the daemon or its models (llmd's control routes, and
     Ollama's pull, delete and copy): the bearer token, or a connection from a process of the user
-    llmd runs as (so the user's own Ollama clients need no setup; other users and pages need the
-    token; so do browsers, whatever page they load: a request with an Origin needs the token).
+    llmd runs as, identified exactly (llmd.daemon.peer: the client's own socket, ESTABLISHED, never
+    root), so the user's own Ollama clients need no setup. Always the token: a browser (a request
+    with an Origin, whatever page it loads), and routes that read files or environment variables of
+    this machine (`reads_local_files`: a model path, an API key file or variable), whose contents a
+    caller could have sent elsewhere. An Authorization header that is not llmd's token (an Ollama
+    client configured with some other key) does not count against a same-user connection.
     Unauthorized otherwise."""
-    if "authorization" in request.headers or "origin" in request.headers:
-        check_token(request.headers, token)
+    if token_matches(request.headers, token):
         return
-    uid = peer_uid(request.client and (request.client.host, request.client.port))
-    if uid is not None and hasattr(os, "getuid") and uid == os.getuid():
-        return
-    check_token(request.headers, token)
+    if "origin" not in request.headers and not reads_local_files:
+        server = request.scope.get("server")
+        client = request.client and (request.client.host, request.client.port)
+        if same_user(client, tuple(server) if server else None):
+            return
+    why = ("this request makes llmd read a file or an environment variable of this machine, so it always needs "
+           "the daemon's token" if reads_local_files else "this route changes the daemon and needs its token")
+    raise Unauthorized(f"{why}: send 'Authorization: Bearer <token>' with the token from the file 'token' in "
+                       "llmd's config dir (the llmd CLI and tray do this)")
 
 
-def check_token(headers: Any, token: str) -> None:
+def token_matches(headers: Any, token: str) -> bool:
     assert token, "an empty token authorizes nobody"
-    got = headers.get("authorization", "")
-    scheme, _, value = got.partition(" ")
+    scheme, _, value = headers.get("authorization", "").partition(" ")
     # bytes: compare_digest refuses non-ASCII str (a TypeError would be a 500)
-    if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode("utf-8", "replace"),
-                                                                 token.encode()):
-        raise Unauthorized(
-            "this route changes the daemon and needs its token: send 'Authorization: Bearer <token>' "
-            "with the token from the file 'token' in llmd's config dir (the llmd CLI and tray do this)"
-        )
+    return scheme.lower() == "bearer" and secrets.compare_digest(value.strip().encode("utf-8", "replace"),
+                                                                  token.encode())

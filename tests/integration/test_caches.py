@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon
+from conftest import Daemon, token
 from test_engine import SYSTEM
 
 pytestmark = pytest.mark.integration
@@ -28,10 +28,6 @@ def chat(d: Daemon, messages: list[dict], headers: dict | None = None, **kw) -> 
 def sse(d: Daemon, body: dict) -> tuple[str, list[str]]:
     with httpx.stream("POST", d.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
         return r.headers["X-LLMD-Cache"], [line for line in r.iter_lines() if line.startswith("data: ")]
-
-
-def token(d: Daemon) -> dict[str, str]:
-    return {"Authorization": "Bearer " + (d.home / "config" / "token").read_text().strip()}
 
 
 def cached_tokens(r: httpx.Response) -> int:

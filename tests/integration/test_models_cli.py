@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon, hf_folder
+from conftest import Daemon, hf_folder, token
 
 from llmd.models.catalog import find_packaged
 
@@ -25,10 +25,6 @@ SMOL, GEMMA = "smollm2-135m", "gemma3-270m"
 def llmd(daemon: Daemon, *args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llmd", *args], env=daemon.env, capture_output=True, text=True,
                           input=input, timeout=timeout)
-
-
-def token(daemon: Daemon) -> dict[str, str]:
-    return {"Authorization": "Bearer " + (daemon.home / "config" / "token").read_text().strip()}
 
 
 def loaded(daemon: Daemon) -> list[str]:
@@ -124,12 +120,19 @@ def test_a_name_with_slashes_is_shown_used_and_removed(two: Daemon, tmp_path: Pa
 
 def test_control_routes_need_the_token_or_the_same_user(two: Daemon):
     """One rule for every route that changes the daemon or its models (llmd's and Ollama's pull,
-    delete and copy): the token, or a connection from a process of llmd's own user; a browser
-    (a request with an Origin) always needs the token."""
+    delete and copy): the token, or a connection from a process of llmd's own user, never root; a
+    browser (a request with an Origin) always needs the token, and so does a route that reads a file
+    here. The same-user side with two real non-root users: tests/integration/test_peer_users.py."""
     r = httpx.post(two.url + "/llmd/models/active", json={"model": GEMMA}, headers={"Origin": "http://127.0.0.1"})
     assert r.status_code == 401 and "token" in r.json()["error"]["message"]
     r = httpx.post(two.url + "/llmd/models/active", json={"model": GEMMA}, headers={"Authorization": "Bearer nope"})
-    assert r.status_code == 401
+    assert r.status_code in ((200,) if os.getuid() != 0 else (401,))  # another key: the same-user rule decides
+    httpx.post(two.url + "/llmd/models/active", json={"model": SMOL}, headers=token(two), timeout=120)
+    r = httpx.post(two.url + "/llmd/models", json={"path": "/etc/hostname"})  # reads a file: the token, always
+    assert r.status_code == 401 and "file" in r.json()["error"]["message"], r.text
+    r = httpx.post(two.url + "/llmd/models/remote", json={"name": "leak", "urls": ["http://127.0.0.1:9"],
+                                                          "api_key_file": str(two.home / "config" / "token")})
+    assert r.status_code == 401 and "file" in r.json()["error"]["message"], r.text
     if os.getuid() == 0 and shutil.which("curl"):  # another user: nobody (as root the test can be)
         for method, path, body in [("POST", "/llmd/models/active", {"model": GEMMA}),
                                    ("POST", "/api/copy", {"source": SMOL, "destination": "stolen"}),
@@ -138,13 +141,33 @@ def test_control_routes_need_the_token_or_the_same_user(two: Daemon):
                                   "-H", "content-type: application/json", "-d", json.dumps(body), two.url + path],
                                  user=65534, capture_output=True, text=True, timeout=30)
             assert out.stdout == "401", (path, out.stdout, out.stderr)
-    r = httpx.post(two.url + "/api/copy", json={"source": SMOL, "destination": "mine-too"})  # this user: no token
+    r = httpx.post(two.url + "/api/copy", json={"source": SMOL, "destination": "mine-too"})  # no token
+    if os.getuid() == 0:
+        assert r.status_code == 401, r.text  # root is never exempt: its rows are what orphaned sockets show
+        r = httpx.post(two.url + "/api/copy", json={"source": SMOL, "destination": "mine-too"}, headers=token(two))
     assert r.status_code == 200, r.text
     assert "mine-too" in llmd(two, "models").stdout
     assert llmd(two, "models", "rm", "mine-too").returncode == 0
     assert httpx.get(two.url + "/llmd/status").json()["active_model"] == SMOL
     mode = (two.home / "config" / "token").stat().st_mode & 0o777
     assert mode == 0o600
+
+
+def test_a_client_that_closes_right_after_sending_is_nobody(two: Daemon):
+    """A client that sends a control request and closes at once leaves an orphaned socket, which
+    /proc/net/tcp lists with uid 0: with llmd running as root that row once passed for llmd's own
+    user and changed the speculation mode with no token."""
+    import socket
+
+    before = httpx.get(two.url + "/llmd/status").json()["speculation"]
+    body = json.dumps({"mode": "draft" if before != "draft" else "ngram"}).encode()
+    for _ in range(5):
+        s = socket.create_connection(("127.0.0.1", two.port))
+        s.sendall(b"POST /llmd/speculation HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        s.close()
+    time.sleep(1.0)
+    assert httpx.get(two.url + "/llmd/status").json()["speculation"] == before
 
 
 def test_run_reads_stdin_and_streams(two: Daemon):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon
+from conftest import Daemon, token
 from gguf_split import split
 from hub_server import FakeHub, HubServer
 
@@ -182,13 +182,15 @@ def test_a_streamed_pull_that_cannot_reach_the_hub_ends_with_an_error_line(tmp_p
     d = Daemon(tmp_path / "home", env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}",
                                        "HF_HOME": str(tmp_path / "hf")}).start()
     try:
-        with httpx.stream("POST", d.url + "/api/pull", json={"model": "hf.co/org/repo:Q4_K_M"}, timeout=120) as r:
+        with httpx.stream("POST", d.url + "/api/pull", json={"model": "hf.co/org/repo:Q4_K_M"}, headers=token(d),
+                          timeout=120) as r:
             lines = [json.loads(x) for x in r.iter_lines() if x]
         assert r.status_code in (200, 502), lines
         assert "error" in lines[-1] and "org/repo" in lines[-1]["error"], lines
-        r = httpx.post(d.url + "/api/pull", json={"model": "hf.co/org/repo:Q4_K_M", "stream": False}, timeout=120)
+        r = httpx.post(d.url + "/api/pull", json={"model": "hf.co/org/repo:Q4_K_M", "stream": False}, headers=token(d),
+                       timeout=120)
         assert r.status_code == 502 and "org/repo" in r.json()["error"], r.text
-        r = httpx.post(d.url + "/api/pull", json={"model": "hf.co/../etc/x.gguf"}, timeout=60)
+        r = httpx.post(d.url + "/api/pull", json={"model": "hf.co/../etc/x.gguf"}, headers=token(d), timeout=60)
         assert r.status_code == 400 and "USER/REPO" in r.json()["error"], r.text
     finally:
         d.stop()
@@ -203,7 +205,8 @@ def test_ollama_pull_copy_delete(tmp_path: Path, hub):
     env = env_for(tmp_path / "home", server)
     d = Daemon(tmp_path / "home", env={k: env[k] for k in ("HF_ENDPOINT", "HF_HOME")}).start()
     try:
-        c = ollama.Client(host=d.url)
+        # the token, as a client configured with it sends it (CI runs as root, which the same-user rule never exempts)
+        c = ollama.Client(host=d.url, headers=token(d))
         ref = f"hf.co/{REPO}:Q4_1"
         statuses = [p for p in c.pull(ref, stream=True)]
         assert statuses[0].status == "pulling manifest" and statuses[-1].status == "success"
@@ -225,7 +228,7 @@ def test_ollama_pull_copy_delete(tmp_path: Path, hub):
         with pytest.raises(ollama.ResponseError, match="Hugging Face Hub"):
             c.pull("llama3.2")
         r = httpx.post(d.url + "/api/pull", json={"model": "hf.co/test-org/missing-GGUF", "stream": False},
-                       timeout=60)
+                       headers=token(d), timeout=60)
         assert r.status_code == 404 and "has no model" in r.json()["error"]
         del c
         gc.collect()  # its pooled connections close here, under this module's warning filters

@@ -16,15 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon
+from conftest import Daemon, token
 
 pytestmark = pytest.mark.integration
 HI = {"messages": [{"role": "user", "content": "Write two sentences about the sea."}], "max_tokens": 40,
       "temperature": 0}
-
-
-def token(d: Daemon) -> dict[str, str]:
-    return {"Authorization": "Bearer " + (d.home / "config" / "token").read_text().strip()}
 
 
 def stream_intact(url: str) -> tuple[str, str]:

@@ -1,5 +1,7 @@
 """llmd's own routes. Read-only ones (health, status, models) are open on loopback; the ones
-that change the daemon (load, unload, switch, add, remove) need the bearer token."""
+that change the daemon (load, unload, switch, add, remove) need the bearer token or a connection
+from llmd's own user, and those that read a file or a variable of this machine always the token
+(security.authorize)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from starlette.routing import Route
 from llmd import __version__
 from llmd.backends.llamacpp.prefix_store import PrefixStore
 from llmd.config import SpeculationMode, fixed_ctx
-from llmd.daemon.routes._common import parse_body
+from llmd.daemon.routes._common import fim_spellings, parse_body
 from llmd.daemon.security import authorize
 from llmd.errors import BadRequest
 from llmd.models.gguf import read_gguf
@@ -111,6 +113,7 @@ def _describe(request: Request, row: dict[str, Any]) -> dict[str, Any]:
         ctx = choose_ctx(info, s.slots, fixed_ctx(s.ctx))
         out.update(gguf=info.summary(), memory_estimate=estimate(info, ctx.n_ctx, s.slots).as_dict(),
                    ctx_reason=ctx.reason)
+    out["fill_in_the_middle"] = len(fim_spellings(row)) == 3  # /infill, and `suffix` on Ollama's and OpenAI's
     return out
 
 
@@ -126,7 +129,7 @@ async def show_model(request: Request) -> Response:
 
 
 async def add_model(request: Request) -> Response:
-    _authorize(request)
+    authorize(request, request.app.state.token, reads_local_files=True)  # a path on this machine
     body = await parse_body(request, AddModelBody)
     # hashing a multi-GB file takes seconds: off the event loop, so every other route keeps answering
     row = await asyncio.to_thread(request.app.state.registry.add, Path(body.path), body.name)
@@ -137,8 +140,9 @@ async def add_remote_model(request: Request) -> Response:
     """Register a model served by upstream engines (asked what they are before it is written)."""
     from llmd.backends.remote.spec import build
 
-    _authorize(request)
     body = await parse_body(request, AddRemoteBody)
+    # an API key read from a file or a variable here is sent to the URLs given: the token, always
+    authorize(request, request.app.state.token, reads_local_files=bool(body.api_key_env or body.api_key_file))
     registry = request.app.state.registry
     registry.check_free(body.name)
     spec = await asyncio.to_thread(build, body.urls, body.upstream_model, body.api_key_env, body.api_key_file,

@@ -1,7 +1,8 @@
 """Ollama's model management: /api/pull (from the Hugging Face Hub), /api/delete, /api/copy.
 
-Ollama clients and UIs manage models through these without a token, as with Ollama itself
-(the Host and Origin checks still apply). A pull streams NDJSON progress in Ollama's shape
+These change the daemon, so they follow security.authorize: llmd's token, or a connection from
+a process of the user llmd runs as (so that user's Ollama clients need no setup, as with Ollama;
+not when llmd runs as root, and never a browser). A pull streams NDJSON progress in Ollama's shape
 (status, digest, total, completed); the download runs in a thread, so every other route keeps
 answering. Deleting removes only files llmd downloaded or made, never another tool's.
 """
