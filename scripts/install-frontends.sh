@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The front ends tests/integration/test_frontends.py drives, at pinned versions:
-# Codex CLI and opencode from npm (tests/frontends/package.json); aider and Open WebUI from PyPI,
+# Claude Code, Codex CLI and opencode from npm (tests/frontends/package.json); aider and Open WebUI from PyPI,
 # each in its own virtual environment under ~/.cache/llmd/apps (they pin exact versions of openai,
 # litellm, numpy, fastapi... that would fight the test environment's). Reused once installed.
 # Open WebUI is the largest: about 7 GB and 4 minutes once.

@@ -30,11 +30,27 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class FimPrompt:
+    """Fill in the middle: the code before the cursor, the code after it, and chunks of other files
+    (filename, text) that come before both. The engine writes it with the model's own FIM tokens
+    (llmd.chat.fim); the texts are never read for special tokens."""
+
+    prefix: str = field(repr=False)
+    suffix: str = field(repr=False)
+    extra: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # where the completion ends, as an editor shows it (llmd.chat.fim.Cut): at a line indented less
+    # than n_indent (the block is over), or after t_max_predict_ms once a line is complete
+    n_indent: int = 0
+    t_max_predict_ms: int | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     id: str
-    # exactly one of messages (chat) or prompt (raw completion) is set
+    # exactly one of messages (chat), prompt (raw completion) or fim (fill in the middle) is set
     messages: list[dict[str, Any]] | None = field(default=None, repr=False)
     prompt: str | None = field(default=None, repr=False)
+    fim: FimPrompt | None = None
     max_tokens: int | None = None  # None: up to the end of the context
     sampling: Sampling = field(default_factory=Sampling)
     stop: tuple[str, ...] = ()

@@ -12,12 +12,14 @@ JSON schema built from the tools' own schemas, so the call parses and its argume
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from llmd.chat.formats import ChatFormat
+from llmd.chat.schema import loosen
 from llmd.errors import BadRequest
 
 # The most calls one reply may make when parallel calls are allowed: a small model held to a call
@@ -36,6 +38,9 @@ class ToolConstraint:
     # lazy (tool_choice auto): the model writes freely until it writes `trigger`, the start of a
     # call; from there the call is held to the offered tools and their schemas, as llama-server does
     trigger: str = ""
+    # the same shape with every tool's arguments any JSON object: for a schema the grammar
+    # converter cannot take, the call's name and shape are still held (never a refused request)
+    fallback: dict[str, Any] | None = None
 
 
 def tool_names(tools: list[dict[str, Any]]) -> list[str]:
@@ -149,9 +154,9 @@ def generic_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     return [{"role": "system", "content": system}, *rest]
 
 
-def _call_schema(tool: dict[str, Any], args_key: str) -> dict[str, Any]:
+def _call_schema(tool: dict[str, Any], args_key: str, loose: bool = False) -> dict[str, Any]:
     fn = tool["function"]
-    params = fn.get("parameters") or {"type": "object"}
+    params = {"type": "object"} if loose or not fn.get("parameters") else loosen(fn["parameters"])[0]
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, args_key: params},
             "required": ["name", args_key]}
 
@@ -163,6 +168,15 @@ def _one_of(schemas: list[dict[str, Any]]) -> dict[str, Any]:
 def constraint(fmt: ChatFormat, tools: list[dict[str, Any]], tool_choice: str,
                parallel: bool) -> ToolConstraint | None:
     """How decoding is held for this request; None: the model writes freely and the reply is parsed."""
+    held = _constraint(fmt, tools, tool_choice, parallel, False)
+    if held is None:
+        return None
+    loose = _constraint(fmt, tools, tool_choice, parallel, True)
+    return dataclasses.replace(held, fallback=loose.schema if loose else None)
+
+
+def _constraint(fmt: ChatFormat, tools: list[dict[str, Any]], tool_choice: str, parallel: bool,
+                loose: bool) -> ToolConstraint | None:
     if tool_choice == "none" or not tools:
         return None
     chosen = tools if tool_choice in ("auto", "required") else [t for t in tools if t["function"]["name"] == tool_choice]
@@ -170,7 +184,8 @@ def constraint(fmt: ChatFormat, tools: list[dict[str, Any]], tool_choice: str,
     if fmt.tools in ("generic", "gemma"):
         if not forced and fmt.tools == "gemma":
             return None
-        calls: dict[str, Any] = {"type": "array", "items": _one_of([_call_schema(t, "arguments") for t in chosen]),
+        calls: dict[str, Any] = {"type": "array",
+                                 "items": _one_of([_call_schema(t, "arguments", loose) for t in chosen]),
                                  "minItems": 1, "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
         call_reply = {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"]}
         if forced:
@@ -178,13 +193,13 @@ def constraint(fmt: ChatFormat, tools: list[dict[str, Any]], tool_choice: str,
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
         return ToolConstraint({"anyOf": [call_reply, answer]})
     if fmt.tools == "hermes":
-        return ToolConstraint(_one_of([_call_schema(t, "arguments") for t in chosen]), "<tool_call>\n",
+        return ToolConstraint(_one_of([_call_schema(t, "arguments", loose) for t in chosen]), "<tool_call>\n",
                               "\n</tool_call>", repeat=parallel, trigger="" if forced else "<tool_call>")
     if not forced:
         return None
     if fmt.tools == "llama3":
-        return ToolConstraint(_one_of([_call_schema(t, "parameters") for t in chosen]))
-    items: dict[str, Any] = {"type": "array", "items": _one_of([_call_schema(t, "arguments") for t in chosen]),
+        return ToolConstraint(_one_of([_call_schema(t, "parameters", loose) for t in chosen]))
+    items: dict[str, Any] = {"type": "array", "items": _one_of([_call_schema(t, "arguments", loose) for t in chosen]),
                              "minItems": 1, "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
     return ToolConstraint(items, "[TOOL_CALLS]")
 

@@ -49,6 +49,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if est:
         print(f"  memory to load: {mib(est['total'])} = weights {mib(est['weights'])} + KV cache "
               f"{mib(est['kv'])} ({est['n_slots']} slots x {est['n_ctx']} tokens) + compute {mib(est['compute'])}")
+    if m.get("fill_in_the_middle"):
+        print("  fills in the middle (code completion: /infill, and `suffix` on /api/generate and /v1/completions)")
     if m.get("draft"):
         print(f"  draft model for speculation: {m['draft']}")
     if m.get("parent"):

@@ -20,10 +20,20 @@ from llmd.config import Settings
 from llmd.daemon.arrivals import ArrivalMiddleware
 from llmd.daemon.metrics import Metrics
 from llmd.daemon.response_cache import ResponseCache
-from llmd.daemon.routes import anthropic, control, embeddings, ollama, ollama_models, openai, responses
+from llmd.daemon.routes import (
+    anthropic,
+    control,
+    embeddings,
+    infill,
+    ollama,
+    ollama_models,
+    openai,
+    responses,
+)
 from llmd.daemon.scheduler import Scheduler
 from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_token
 from llmd.daemon.stored_responses import StoredResponses
+from llmd.daemon.suggestions import Suggestions
 from llmd.errors import LlmdError, Overloaded
 from llmd.models.registry import Registry
 
@@ -62,6 +72,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
             ResponseCache(settings.paths.response_cache_db, settings.response_cache_ttl,
                           settings.response_cache_mb * 1024 * 1024)
             if settings.response_cache else None)
+        app.state.suggestions = Suggestions()  # the last FIM proposal at each cursor
         app.state.stored_responses = StoredResponses(settings.paths.responses_api_db,
                                                     settings.responses_store_mb * 2**20)
         sched = scheduler or Scheduler(settings, registry)
@@ -91,8 +102,8 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
 
     from llmd.daemon import openapi
 
-    routes = [*openai.routes, *ollama.routes, *ollama_models.routes, *embeddings.routes, *responses.routes, *anthropic.routes,
-              *control.routes, *openapi.routes]
+    routes = [*openai.routes, *ollama.routes, *ollama_models.routes, *embeddings.routes, *responses.routes,
+              *anthropic.routes, *infill.routes, *control.routes, *openapi.routes]
     return Starlette(
         routes=routes,
         middleware=[Middleware(SecurityMiddleware, settings=settings), Middleware(ArrivalMiddleware)],

@@ -14,7 +14,7 @@ from typing import Any
 
 # the routes whose requests are submitted to an engine to generate
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-                              "/api/chat", "/api/generate"})
+                              "/api/chat", "/api/generate", "/infill"})
 COUNTED = "llmd.counted"  # scope key: this request is in Scheduler.preparing
 
 

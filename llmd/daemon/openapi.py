@@ -17,7 +17,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmd import __version__
-from llmd.daemon.routes import anthropic, control, embeddings, ollama, ollama_models, openai, responses
+from llmd.daemon.routes import (
+    anthropic,
+    control,
+    embeddings,
+    infill,
+    ollama,
+    ollama_models,
+    openai,
+    responses,
+)
 
 BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/v1/chat/completions"): openai.ChatBody,
@@ -27,6 +36,7 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/v1/responses"): responses.ResponsesBody,
     ("POST", "/v1/messages"): anthropic.MessagesBody,
     ("POST", "/v1/messages/count_tokens"): anthropic.CountBody,
+    ("POST", "/infill"): infill.InfillBody,
     ("POST", "/api/chat"): ollama.ChatBody,
     ("POST", "/api/generate"): ollama.GenerateBody,
     ("POST", "/api/show"): ollama.ShowBody,

@@ -86,6 +86,8 @@ def cache_key(req: GenerationRequest, model: dict[str, Any], engine: str, served
         "ctx_limit": req.ctx_limit,
         "speculation": req.speculation,  # batched verification can flip a near-tie: keep them apart
     }
+    if req.fim is not None:  # absent otherwise, as tools are
+        what["fim"] = dataclasses.asdict(req.fim)
     if req.tools or req.tool_choice != "auto":  # absent otherwise, so replies stored before stay found
         what.update(tools=req.tools, tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls)
     blob = json.dumps(what, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

@@ -1,6 +1,6 @@
 """The front ends people point at a local server, driven as their users do, against a real daemon
 with llmd's defaults and the real Qwen2.5-Coder-1.5B: Open WebUI in a real browser (playwright and
-Debian's chromium), Codex CLI (`exec --oss`, and with llmd as a provider in config.toml), opencode
+Debian's chromium), Claude Code (`-p`, with its Write and Read tools), Codex CLI (`exec --oss`, and with llmd as a provider in config.toml), opencode
 (`run`, llmd as an OpenAI-compatible provider) and aider (`--message`, the OpenAI and the Ollama
 provider). Each app talks to llmd through a recording proxy (tests/recorder.py): the test lists
 the routes it used and asserts none answered 4xx/5xx.
@@ -63,6 +63,12 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) ->
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def assert_hello(work: Path, r: subprocess.CompletedProcess) -> None:
+    """The task's file: hello.txt, holding the word hi."""
+    made = work / "hello.txt"
+    assert made.exists() and "hi" in made.read_text().lower(), (r.stdout[-2000:], sorted(os.listdir(work)))
+
+
 def assert_clean(r: subprocess.CompletedProcess, rec: Recorder, must_call: str, app: str = "") -> None:
     if app:  # which routes each app used, for the record (artifacts/frontends.jsonl)
         ARTIFACTS.mkdir(exist_ok=True)
@@ -73,6 +79,54 @@ def assert_clean(r: subprocess.CompletedProcess, rec: Recorder, must_call: str, 
     assert any(must_call in route for route in rec.routes()), summary(rec)
 
 
+def claude_env(rec: Recorder, home: Path) -> dict[str, str]:
+    """Claude Code pointed at a local server as its docs say (ANTHROPIC_BASE_URL, a token, a model),
+    with a fresh HOME and nothing sent elsewhere (no updater, no telemetry)."""
+    return {"HOME": str(home), "ANTHROPIC_BASE_URL": rec.url, "ANTHROPIC_AUTH_TOKEN": "llmd", "ANTHROPIC_MODEL": QWEN,
+            "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
+
+
+def timed(app: str, step: str, t0: float) -> None:
+    """Each front-end run's wall time, for the record (artifacts/frontends-timings.jsonl)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with (ARTIFACTS / "frontends-timings.jsonl").open("a") as f:
+        f.write(json.dumps({"app": app, "step": step, "wall_s": round(time.monotonic() - t0, 1)}) + "\n")
+
+
+@needs(BIN / "claude")
+def test_claude_code_answers_writes_a_file_and_reads_one(rec: Recorder, tmp_path: Path):
+    """Claude Code unchanged on the 1.5B: a plain answer, a file written through its Write tool, and
+    a file read through its Read tool and answered from (the tool result fed back). Its first
+    request is ~12,000 tokens (system prompt and tools) whatever the task: the first run prefills
+    it cold, the next ones find it cached."""
+    home, work = tmp_path / "claude-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = claude_env(rec, home)
+    claude = str(BIN / "claude")
+    t0 = time.monotonic()
+    r = run([claude, "-p", "Reply with just the word hello"], work, env, timeout=1200)
+    timed("claude", "hello (session 1: cold)", t0)
+    assert_clean(r, rec, "POST /v1/messages", "claude -p")
+    assert "hello" in r.stdout.lower(), (r.stdout[-2000:], r.stderr[-2000:])
+
+    t0 = time.monotonic()
+    r = run([claude, "-p", "Create a file named hello.py that prints hello world.", "--allowedTools", "Write"],
+            work, env)
+    timed("claude", "write hello.py (session 2)", t0)
+    assert_clean(r, rec, "POST /v1/messages", "claude --allowedTools Write")
+    made = work / "hello.py"
+    assert made.exists() and "print" in made.read_text(), (r.stdout[-2000:], sorted(os.listdir(work)))
+
+    (work / "notes.txt").write_text("Harbour notes.\nThe keeper's secret word is PELICAN.\n")
+    t0 = time.monotonic()
+    r = run([claude, "-p", "Read the file notes.txt and tell me the keeper's secret word.", "--allowedTools", "Read"],
+            work, env)
+    timed("claude", "read notes.txt and answer (session 3)", t0)
+    assert_clean(r, rec, "POST /v1/messages", "claude --allowedTools Read")
+    assert "PELICAN" in r.stdout.upper(), (r.stdout[-2000:], r.stderr[-2000:])
+
+
 @needs(BIN / "codex")
 def test_codex_exec_oss_and_as_a_configured_provider(rec: Recorder, tmp_path: Path):
     home, work = tmp_path / "codex-home", tmp_path / "work"
@@ -80,18 +134,25 @@ def test_codex_exec_oss_and_as_a_configured_provider(rec: Recorder, tmp_path: Pa
     work.mkdir()
     base = [str(BIN / "codex"), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
     # --oss: Codex's Ollama mode (it reads /api/version and needs 0.13.4 or newer, then /v1/responses)
+    t0 = time.monotonic()
     r = run([*base, "--oss", "--local-provider", "ollama", "-m", QWEN, TASK], work,
             {"CODEX_HOME": str(home), "CODEX_OSS_BASE_URL": rec.url + "/v1"})
+    timed("codex", "--oss (cold)", t0)
     assert_clean(r, rec, "POST /v1/responses", "codex --oss")
+    assert_hello(work, r)
+    (work / "hello.txt").unlink()
     # a provider in config.toml, as Codex's docs show for any Responses-API server; its tools
     # (function, namespace, custom and the hosted web_search) all reach llmd
     (home / "config.toml").write_text(
         f'model = "{QWEN}"\nmodel_provider = "llmd"\n\n[model_providers.llmd]\nname = "llmd"\n'
         f'base_url = "{rec.url}/v1"\nwire_api = "responses"\n')
     n = len(rec.calls)
+    t0 = time.monotonic()
     r = run(base + [TASK], work, {"CODEX_HOME": str(home)})
+    timed("codex", "configured provider (session 2)", t0)
     assert_clean(r, rec, "POST /v1/responses", "codex (both runs)")
     assert len(rec.calls) > n
+    assert_hello(work, r)
 
 
 @needs(BIN / "opencode")
@@ -103,9 +164,12 @@ def test_opencode_run(rec: Recorder, tmp_path: Path):
         ' "provider": {"llmd": {"npm": "@ai-sdk/openai-compatible", "name": "llmd",\n'
         '   "options": {"baseURL": "' + rec.url + '/v1"}, "models": {"' + QWEN + '": {"name": "Qwen2.5-Coder"}}}}}\n')
     cache = Path.home() / ".cache" / "llmd" / "apps" / "opencode-cache"  # its AI SDK provider, installed once
+    t0 = time.monotonic()
     r = run([str(BIN / "opencode"), "run", TASK], work,
             {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache), "OPENCODE_DISABLE_AUTOUPDATE": "1"})
+    timed("opencode", "run (cold)", t0)
     assert_clean(r, rec, "POST /v1/chat/completions", "opencode")
+    assert_hello(work, r)
 
 
 @needs(AIDER)
@@ -128,7 +192,7 @@ def test_the_apps_are_pinned():
     """What scripts/install-frontends.sh installs is what this file drives."""
     assert shutil.which("npm") is not None
     pkg = (ROOT / "tests" / "frontends" / "package.json").read_text()
-    assert '"@openai/codex": "0.171.0"' in pkg and '"opencode-ai": "1.18.33"' in pkg
+    assert '"@anthropic-ai/claude-code": "2.1.332"' in pkg and '"@openai/codex": "0.171.0"' in pkg and '"opencode-ai": "1.18.33"' in pkg
     assert "aider-0.86.2" in str(AIDER) and "AIDER_VERSION=0.86.2" in (ROOT / "scripts" / "install-frontends.sh").read_text()
 
 

@@ -64,6 +64,7 @@ from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
 from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
+from llmd.chat.fim import Cut, FimTokens, fim_tokens
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
 from llmd.chat.tools import prepare_tools
@@ -135,6 +136,9 @@ class LlamaCppEngine:
         raw_template = L.llama_model_chat_template(self.model, None)
         self.template = ChatTemplate(raw_template.decode("utf-8") if raw_template else None, self.bos_text, eos_text)
         self.chat_format = detect(self.template.source if not self.template.builtin else None)
+        v = self.vocab
+        self.fim = FimTokens(L.llama_vocab_fim_pre(v), L.llama_vocab_fim_suf(v), L.llama_vocab_fim_mid(v),
+                             L.llama_vocab_fim_rep(v), L.llama_vocab_fim_sep(v))
 
         between = self.template.between_turns()  # anticipated after each chat reply (fast policy)
         self._next_turn = self.tokenize(between, False) if between else []
@@ -189,6 +193,7 @@ class LlamaCppEngine:
             "rss_load_bytes": self.rss_load,
             "chat_template": "builtin-chatml" if self.template.builtin else "gguf",
             "tool_format": self.chat_format.tools,
+            "fim": not self.fim.missing,
             "pid": os.getpid(),
         }
 
@@ -493,6 +498,13 @@ class LlamaCppEngine:
             prompt = self._chat_prompt(messages, tools)
             if len(prompt) >= n_ctx and req.drop_old_messages:
                 dropped, prompt = self._fit_by_dropping(messages, tools, n_ctx, req.max_tokens, len(prompt))
+        elif req.fim is not None:
+            if self.fim.missing:
+                raise BadRequest(f"{self.cfg.model_name} cannot fill in the middle: its vocabulary has no "
+                                 f"{', '.join(self.fim.missing)} token; use a FIM model (Qwen2.5-Coder, StarCoder2, "
+                                 "CodeLlama, DeepSeek-Coder...)", "suffix")
+            prompt = fim_tokens(req.fim, self.fim, lambda t: self.tokenize(t, False, parse_special=False),
+                                [self.bos] if self.add_bos else [])
         else:
             prompt = self.tokenize(req.prompt or "", self.add_bos)
         if not prompt:
@@ -509,7 +521,8 @@ class LlamaCppEngine:
         max_tokens = min(req.max_tokens, room) if req.max_tokens is not None else room
         drafters = self.spec.drafters_for(req.speculation)
         sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar, trigger)
-        active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop), t_received, n_ctx=n_ctx,
+        cut = Cut(req.fim.n_indent, req.fim.t_max_predict_ms) if req.fim is not None else None
+        active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop, cut), t_received, n_ctx=n_ctx,
                         dropped=dropped)
         active.drafters = drafters
         active.auto = req.speculation in ("auto", "")

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import random
 import re
 from typing import Any
 
 from llmd.backends.base import Sampling
+from llmd.chat.schema import MAX_BOUND, loosen
 from llmd.chat.tools import MAX_PARALLEL_CALLS, ToolConstraint
 from llmd.errors import GrammarError
+
+log = logging.getLogger("llmd.grammar")
 
 # llama-cpp-python's schema converter writes a bounded repetition as nested optional groups,
 # "(c (c (c)?)?)?", and llama.cpp's grammar parser recurses once per group: maxLength 30000 (or a
@@ -20,7 +24,7 @@ from llmd.errors import GrammarError
 # bound is then enforced by the grammar itself, to the character. MAX_REPEAT only stops a schema
 # from asking for more rules than any context could fill.
 FLAT_OVER = 32
-MAX_REPEAT = 100_000
+MAX_REPEAT = MAX_BOUND  # a larger upper bound is dropped before this (chat.schema.loosen)
 MAX_DEPTH = 32
 _REPEAT_KEYS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties")
 _QUANT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
@@ -100,6 +104,7 @@ def grammar_for(response_format: dict[str, Any] | None) -> str | None:
     if kind == "json_object":
         schema = response_format.get("schema")
         if schema:
+            schema = loosen(schema)[0]
             check_schema_bounds(schema)
         return schema_grammar(schema) if schema else JSON_GBNF
     if kind == "json_schema":
@@ -107,6 +112,7 @@ def grammar_for(response_format: dict[str, Any] | None) -> str | None:
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise GrammarError("response_format.json_schema.schema must be a JSON schema object", "response_format")
+        schema = loosen(schema)[0]
         check_schema_bounds(schema)
         return schema_grammar(schema)
     raise GrammarError(
@@ -120,9 +126,17 @@ def _literal(text: str) -> str:
 
 def grammar_for_tools(c: ToolConstraint) -> str:
     """GBNF for a tool constraint: prefix, a JSON value matching the schema, suffix (repeated for
-    parallel calls). The schema comes from the request's tools, so it is bounded like any other."""
-    check_schema_bounds(c.schema, "tools")
-    body = schema_grammar(c.schema, "tools")
+    parallel calls). The schema comes from the request's tools, so it is bounded like any other; a
+    tools' schema the converter cannot take holds only the call's name and JSON shape (the tools are
+    the app's, not the user's: the request is served, never refused for them)."""
+    try:
+        check_schema_bounds(c.schema, "tools")
+        body = schema_grammar(c.schema, "tools")
+    except GrammarError as e:
+        if c.fallback is None:
+            raise
+        log.warning("tool arguments held to their JSON shape only: %s", e.message)
+        body = schema_grammar(c.fallback, "tools")
     body = re.sub(r"^root ::=", "llmd-call ::=", body, flags=re.M)
     block = " ".join(p for p in (_literal(c.prefix) if c.prefix else "", "llmd-call",
                                  _literal(c.suffix) if c.suffix else "") if p)

@@ -9,16 +9,28 @@ longer match (then it is released).
 from __future__ import annotations
 
 import codecs
+import time
+
+from llmd.chat.fim import Cut
 
 
 class TextStream:
-    def __init__(self, stops: tuple[str, ...] = ()) -> None:
+    def __init__(self, stops: tuple[str, ...] = (), cut: Cut | None = None) -> None:
+        """`cut`: a fill-in-the-middle reply also ends where an editor would show it end."""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = tuple(s for s in stops if s)
         self._pending = ""
+        self._cut = cut
 
     def push(self, data: bytes) -> tuple[str, bool]:
-        """Add a token's bytes; return (text safe to emit now, whether a stop string was hit)."""
+        """Add a token's bytes; return (text safe to emit now, whether a stop was hit)."""
+        out, stop = self._push(data)
+        if self._cut is None:
+            return out, stop
+        out = self._cut.feed(out, time.perf_counter())
+        return out, stop or self._cut.done
+
+    def _push(self, data: bytes) -> tuple[str, bool]:
         self._pending += self._decoder.decode(data)
         if not self._stops:
             out, self._pending = self._pending, ""
@@ -36,6 +48,8 @@ class TextStream:
         """At the end of generation: release held text and any incomplete character."""
         out = self._pending + self._decoder.decode(b"", final=True)
         self._pending = ""
+        if self._cut is not None:
+            out = self._cut.feed(out, time.perf_counter()) + self._cut.flush()
         return out
 
     def _held_suffix(self) -> int:

@@ -10,7 +10,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -19,7 +19,9 @@ from starlette.requests import Request
 
 from llmd.backends.base import Event, FinalEvent, GenerationRequest, TokenEvent, Usage
 from llmd.backends.repack import llama_cpp_version
+from llmd.chat.fim import spellings_in_vocab
 from llmd.chat.formats import STRUCTURED, ChatFormat, detect
+from llmd.chat.schema import MAX_BOUND, loosen
 from llmd.daemon.arrivals import COUNTED
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.daemon.scheduler import Admission
@@ -27,6 +29,7 @@ from llmd.errors import BadRequest, ClientGone, LlmdError
 from llmd.models.hub import is_hub_ref
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 _log = logging.getLogger("llmd.requests")
 
 # A stream's status waits this long for the request's first event, so that bad input is still a
@@ -80,7 +83,6 @@ REFUSED = {
     "web_search_options": "llmd has no web search; leave web_search_options out",
     "functions": "the legacy functions field is not served; send tools instead",
     "function_call": "the legacy function_call field is not served; send tools and tool_choice instead",
-    "suffix": "llmd does not fill in the middle; leave suffix out",
     "best_of": "llmd returns one completion per request; leave best_of out",
     "echo": "llmd does not echo the prompt; leave echo out",
     "images": "the loaded models are text-only; leave images out",
@@ -267,18 +269,7 @@ class Run:
             async for _ in self:
                 pass
 
-        if request is None:
-            await drain()
-        else:
-            task = asyncio.ensure_future(drain())
-            while not task.done():
-                await asyncio.wait({task}, timeout=0.5)
-                if not task.done() and await request.is_disconnected():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                    raise ClientGone("the client closed the connection; the request was cancelled")
-            task.result()
+        await (drain() if request is None else while_connected(request, drain()))
         assert self.final is not None
         return "".join(self.text), self.final
 
@@ -286,6 +277,29 @@ class Run:
     def usage(self) -> Usage:
         assert self.final is not None
         return self.final.usage
+
+
+async def while_connected(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result; cancelled, with ClientGone, the moment the client hangs up (an editor
+    cancels its request at the next keystroke: its slot is free at the engine's next step)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone("the client closed the connection; the request was cancelled")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (its body is read: what comes next can only be that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _replay(req: GenerationRequest, hit: Cached) -> AsyncIterator[Event]:
@@ -312,6 +326,7 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
                     stream: bool = False) -> Run:
     """The request submitted and its first event awaited (errors raised as 4xx/5xx); for a `stream`,
     awaited at most FIRST_EVENT_WAIT_S, after which the Run yields keep-alives until it comes."""
+    _note_loosened(request, req)
     try:
         run = await _start(request, model, req, FIRST_EVENT_WAIT_S if stream else None)
     except LlmdError as e:
@@ -330,6 +345,22 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
                      run.model)
     run.backend = engine_of(request, run.model).split(":")[0]
     return run
+
+
+def _note_loosened(request: Request, req: GenerationRequest) -> None:
+    """Bounds in the tools' or the reply format's schemas that the grammar drops (chat.schema:
+    larger than any reply), named in X-LLMD-Ignored and logged once per request."""
+    dropped = [f"tools[{i}].{path}" for i, t in enumerate(req.tools or ())
+               for path in loosen(t["function"].get("parameters") or {}, "parameters")[1]]
+    fmt = req.response_format or {}
+    schema = fmt.get("schema") or (fmt.get("json_schema") or {}).get("schema")
+    if isinstance(schema, dict):
+        dropped += loosen(schema, "response_format")[1]
+    if dropped:
+        _log.info("request %s: schema bounds over %d dropped (no bound at all in practice): %s", req.id, MAX_BOUND,
+                  ", ".join(dropped))
+        printable = ["".join(c if " " <= c <= "~" else "?" for c in d)[:80] for d in dropped]  # a header's text
+        request.state.ignored = [*getattr(request.state, "ignored", []), *printable][:16]
 
 
 async def _start(request: Request, model: str | None, req: GenerationRequest, wait: float | None) -> Run:
@@ -355,6 +386,10 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     if not req.speculation:
         req = replace(req, speculation=scheduler.speculation)
     t_start = time.perf_counter()
+    if req.fim is not None and req.cache_prompt and (rest := state.suggestions.get(name, req)) is not None:
+        # the person typed the start of the last proposal: the rest of it is the answer, no model step
+        events = _replay(req, Cached([rest], "stop", Usage(0, 0, 0, 0.0, 0.0, 0.0), ()))
+        return Run(req, name, events, await events.__anext__(), t_start, cache="hit", request=request)
     cache = state.response_cache
     key = None
     status = "bypass"
@@ -378,8 +413,13 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     done = coming.done()
     run = Run(req, name, events, coming.result() if done else None, t_start, admission, cache=status, cache_key=key,
               request=request, pending=None if done else coming)
+    after: list[Callable[[Run], Any]] = []
+    if req.fim is not None:  # what was proposed at this cursor, for the next keystroke
+        after.append(lambda r: state.suggestions.put(name, req, "".join(r.text)))
     if key is not None:
-        run.on_done = lambda r: asyncio.get_running_loop().run_in_executor(None, _store, cache, r)
+        after.append(lambda r: asyncio.get_running_loop().run_in_executor(None, _store, cache, r))
+    if after:
+        run.on_done = lambda r: [f(r) for f in after]
     return run
 
 
@@ -423,6 +463,23 @@ def _template_of(row: dict[str, Any]) -> str | None:
     if row["format"] == "gguf":
         return read_gguf(row["path"]).chat_template
     return chat_template(Path(row["path"]))  # a Hugging Face checkpoint (TensorRT-LLM)
+
+
+_fims: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def fim_spellings(row: dict[str, Any]) -> dict[str, str]:
+    """The FIM tokens a registered model's vocabulary has, by role (all three: it fills in the
+    middle), read once per file (a 150k-token vocabulary takes a quarter of a second)."""
+    if row["format"] != "gguf":
+        return {}
+    key = (row["path"], row["digest"])
+    if key not in _fims:
+        from llmd.models.gguf import read_gguf
+
+        tokens = read_gguf(row["path"], arrays=("tokenizer.ggml.tokens",)).metadata.get("tokenizer.ggml.tokens")
+        _fims[key] = spellings_in_vocab(tokens if isinstance(tokens, list) else None)
+    return _fims[key]
 
 
 async def chat_format(request: Request, model: str) -> ChatFormat:

@@ -71,17 +71,32 @@ def _blocks_text(blocks: Any, where: str) -> str:
     return "".join(out)
 
 
+# Claude Code opens its system prompt with a block for Anthropic's billing whose value changes with
+# every prompt ("cc_version=2.1.332.988", then ".34c"): at the very start of the prompt it would
+# make every session's 12,000-token prefix new. It says nothing to the model: left out.
+_BILLING = "x-anthropic-billing-header:"
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, list):
+        system = [b for b in system if not (isinstance(b, dict) and str(b.get("text", "")).startswith(_BILLING))]
+    return _blocks_text(system, "system")
+
+
 def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Anthropic messages (and system) as chat messages."""
     out: list[dict[str, Any]] = []
-    if system:
-        out.append({"role": "system", "content": _blocks_text(system, "system")})
+    if system and (prompt := _system_text(system)):
+        out.append({"role": "system", "content": prompt})
     names: dict[str, str] = {}
     for i, m in enumerate(messages):
         role = m.get("role")
+        if role == "system":  # Claude Code sends one after the first user turn (its environment):
+            # kept in place, so that what comes before it (system prompt, tools) stays a stable prefix
+            out.append({"role": "system", "content": _blocks_text(m.get("content", ""), f"messages[{i}].content")})
+            continue
         if role not in ("user", "assistant"):
-            raise BadRequest(f"messages[{i}].role is {role!r}; use user or assistant (system goes in 'system')",
-                             f"messages[{i}].role")
+            raise BadRequest(f"messages[{i}].role is {role!r}; use user, assistant or system", f"messages[{i}].role")
         content = m.get("content", "")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
@@ -218,6 +233,18 @@ class _Blocks:
         return evs
 
 
+def _note_no_thinking(request: Request, body: MessagesBody, thinks: bool) -> None:
+    """`thinking` and `output_config.effort` ask for reasoning: a model whose template writes
+    <think> does it; for any other the request is answered, and the fields named in X-LLMD-Ignored."""
+    asked = []
+    if body.thinking is not None and body.thinking.get("type") != "disabled":
+        asked.append("thinking")
+    if "effort" in (body.output_config or {}):
+        asked.append("output_config.effort")
+    if asked and not thinks:
+        request.state.ignored = [*getattr(request.state, "ignored", []), *asked]
+
+
 async def messages(request: Request) -> Response:
     body = await parse_body(request, MessagesBody)
     tools = _tools(body.tools, body.tool_choice)
@@ -231,7 +258,9 @@ async def messages(request: Request) -> Response:
         stop=tuple(body.stop_sequences or ()), response_format=fmt, **tools)
     run = await start_run(request, body.model, req, "anthropic", stream=body.stream)
     mid = "msg_" + req.id
-    parser = ReplyParser(await chat_format(request, run.answered_by), offered_tools(req), stream_calls=body.stream)
+    fmt_of_model = await chat_format(request, run.answered_by)
+    _note_no_thinking(request, body, fmt_of_model.thinking)
+    parser = ReplyParser(fmt_of_model, offered_tools(req), stream_calls=body.stream)
     blocks = _Blocks()
 
     def message(final_usage: Usage | None, stop: str | None) -> dict[str, Any]:
@@ -282,7 +311,13 @@ async def count_tokens(request: Request) -> Response:
     return JSONResponse({"input_tokens": final.usage.prompt_tokens})
 
 
+async def hello(request: Request) -> Response:
+    """The reachability probe Claude Code sends to its base URL at start (HEAD /api/hello)."""
+    return Response("hello", media_type="text/plain")
+
+
 routes = [
+    Route("/api/hello", hello, methods=["GET", "HEAD"]),
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
 ]

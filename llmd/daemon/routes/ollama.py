@@ -6,6 +6,7 @@ NDJSON streaming by default, and durations in nanoseconds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -19,21 +20,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmd import __version__
-from llmd.backends.base import GenerationRequest, Sampling, TokenEvent
+from llmd.backends.base import FimPrompt, GenerationRequest, Sampling, TokenEvent
+from llmd.chat.fim import cursor_indent, ollama_template
 from llmd.chat.formats import detect
 from llmd.chat.parse import ToolCall, reply_parser
 from llmd.chat.tools import offered_tools
-from llmd.config import SpeculationMode
+from llmd.config import SpeculationMode, fixed_ctx
 from llmd.daemon.routes._common import (
     Run,
     canonical_name,
     chat_format,
+    fim_spellings,
     normalize_tools,
     parse_body,
     start_run,
 )
 from llmd.daemon.routes.openai import chat_logprobs
 from llmd.errors import BadRequest, LlmdError
+from llmd.models.memory import choose_ctx
 
 log = logging.getLogger("llmd.requests")
 # the Ollama API version whose routes and shapes these follow (with the Responses API that Ollama
@@ -112,6 +116,7 @@ def _messages(body: ChatBody) -> list[dict[str, Any]]:
 
 class GenerateBody(_Base):
     prompt: str = ""
+    suffix: str | None = None  # the code after the cursor: fill in the middle (Continue, Twinny)
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None
@@ -274,9 +279,12 @@ async def generate(request: Request) -> Response:
     _keep_alive(request, body)
     if body.images:
         raise BadRequest("the request carries images; the loaded models are text-only", "images")
-    if not body.prompt and not body.system:
+    if not body.prompt and not body.system and not body.suffix:
         return await _load_only(request, body, chat=False)
-    if body.raw:
+    if body.suffix:  # as Ollama: a suffix makes the prompt the code before the cursor
+        req = _generation(body, fim=FimPrompt(prefix=body.prompt, suffix=body.suffix,
+                                              n_indent=cursor_indent(body.prompt)))
+    elif body.raw:
         req = _generation(body, prompt=body.prompt, raw=True)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
@@ -351,15 +359,26 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": out})
 
 
-def capabilities(info: Any) -> list[str]:
+def capabilities(info: Any, fills_middle: bool = False) -> list[str]:
     """What Ollama's /api/show says a model can do: an embedding model embeds; a chat model
-    completes, calls tools when its template renders them, and thinks when it writes <think>."""
+    completes, calls tools when its template renders them, thinks when it writes <think>, and
+    fills in the middle ("insert", as Ollama says) when its vocabulary has FIM tokens."""
     if info is None:  # a TensorRT folder or a remote model: it chats
         return ["completion"]
     if info.embedding_only:
         return ["embedding"]
     fmt = detect(info.chat_template)
-    return ["completion"] + (["tools"] if fmt.native_tools else []) + (["thinking"] if fmt.thinking else [])
+    return (["completion"] + (["tools"] if fmt.native_tools else []) + (["insert"] if fills_middle else [])
+            + (["thinking"] if fmt.thinking else []))
+
+
+def _context_of(request: Request, name: str, info: Any) -> int:
+    """The context per slot a request to this model gets: the loaded one, else what a load would choose."""
+    worker = request.app.state.scheduler.workers.get(name)
+    if worker is not None and worker.cfg is not None:
+        return int(worker.cfg.n_ctx)
+    s = request.app.state.settings
+    return choose_ctx(info, s.slots, fixed_ctx(s.ctx)).n_ctx if info is not None else 0
 
 
 async def show(request: Request) -> Response:
@@ -370,17 +389,24 @@ async def show(request: Request) -> Response:
     m = request.app.state.registry.get(canonical_name(request.app.state.registry, name))
     from llmd.models.gguf import read_gguf
 
-    info = read_gguf(m["path"]) if m["format"] == "gguf" else None
+    info = await asyncio.to_thread(read_gguf, m["path"]) if m["format"] == "gguf" else None
+    fim = await asyncio.to_thread(fim_spellings, m)
     meta = info.metadata if info else {"general.architecture": m["arch"]}
     model_info = {k: v for k, v in meta.items() if not isinstance(v, list) and k != "tokenizer.chat_template"}
     model_info["general.parameter_count"] = m["n_params"]
+    model_info.setdefault("general.basename", m["name"].split(":")[0].rsplit("/", 1)[-1])
+    if info is not None and info.context_length:  # what VS Code's and Continue's providers read
+        model_info.setdefault(f"{info.arch}.context_length", info.context_length)
+    template = (info.chat_template if info else None) or ""
+    ctx = _context_of(request, m["name"], info)
     return JSONResponse({
         "modelfile": f"FROM {m['path']}\n",
-        "parameters": "",
-        "template": (info.chat_template if info else None) or "",
+        "parameters": f"num_ctx {ctx}" if ctx else "",  # Continue reads num_ctx from this text
+        # editors turn fill-in-the-middle on when the template holds {{ .Suffix }}: only FIM models show it
+        "template": ollama_template(fim, template) if len(fim) == 3 else template,
         "details": _details(m),
         "model_info": model_info,
-        "capabilities": capabilities(info),
+        "capabilities": capabilities(info, len(fim) == 3),
         "modified_at": _modified(m),
     })
 

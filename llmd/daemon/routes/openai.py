@@ -17,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
+from llmd.backends.base import FimPrompt, GenerationRequest, Sampling, TokenEvent, Usage
+from llmd.chat.fim import cursor_indent
 from llmd.chat.parse import CallDelta, ToolCall, reply_parser
 from llmd.chat.tools import check_choice, offered_tools
 from llmd.config import SpeculationMode
@@ -158,6 +159,7 @@ def tool_fields(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool,
 
 class CompletionBody(_Common):
     prompt: str | list[str]
+    suffix: str | None = None  # the text after the completion: fill in the middle (a FIM model)
 
 
 def _top_logprobs(body: _Common) -> int | None:
@@ -372,7 +374,10 @@ async def completions(request: Request) -> Response:
         if len(prompt) != 1:
             raise BadRequest(f"prompt is a list of {len(prompt)} strings; llmd completes one prompt per request", "prompt")
         prompt = prompt[0]
-    req = _generation(body, prompt=prompt, raw=True)
+    if body.suffix is not None:  # fill in the middle: the prompt is the code before the cursor
+        req = _generation(body, fim=FimPrompt(prefix=prompt, suffix=body.suffix, n_indent=cursor_indent(prompt)))
+    else:
+        req = _generation(body, prompt=prompt, raw=True)
     run = await start_run(request, body.model, req, "openai", stream=body.stream)
     return await _respond(run, body, chat=False)
 

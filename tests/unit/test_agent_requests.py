@@ -1,0 +1,64 @@
+"""What coding agents send that used to refuse a whole request: Claude Code's first request,
+recorded (tests/data/claude-code-2.1.332-first-request.json, its metadata blanked)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmd.chat.schema import ANY_VALUE, loosen
+from llmd.daemon.routes.anthropic import chat_messages
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "claude-code-2.1.332-first-request.json"
+
+
+def test_bounds_larger_than_any_reply_are_dropped_and_named():
+    schema = {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524288},
+                                               "short": {"type": "string", "maxLength": 60},
+                                               "description": {"type": "string", "description": "a property"}}}
+    grammar, dropped = loosen(schema, "parameters")
+    assert dropped == ["parameters.properties.script.maxLength"]
+    assert grammar["properties"]["short"]["maxLength"] == 60
+    assert grammar["properties"]["description"] == {"type": "string"}  # a property named description stays
+
+
+def test_a_property_with_no_type_is_any_value():
+    grammar, _ = loosen({"type": "object", "properties": {"args": {"description": "anything"}}})
+    assert grammar["properties"]["args"] == ANY_VALUE
+    assert loosen({})[0] == ANY_VALUE
+
+
+def test_claude_codes_first_request_as_chat_messages():
+    body = json.loads(RECORDED.read_text())
+    messages = chat_messages(body["system"], body["messages"])
+    assert [m["role"] for m in messages] == ["system", "user", "system"]  # its environment, after the user
+    assert "x-anthropic-billing-header" not in messages[0]["content"]  # changes at every prompt: left out
+    assert messages[0]["content"].startswith("You are a Claude agent")
+
+
+def test_every_tool_schema_of_claude_code_becomes_a_grammar():
+    pytest.importorskip("llama_cpp")
+    from llmd.backends.llamacpp.sampler import grammar_for_tools
+    from llmd.chat.formats import ChatFormat
+    from llmd.chat.tools import constraint
+    from llmd.daemon.routes.anthropic import _tools
+
+    body = json.loads(RECORDED.read_text())
+    tools = _tools(body["tools"], None)["tools"]
+    c = constraint(ChatFormat(tools="hermes", thinking=False), tools, "required", True)
+    assert c is not None and "llmd-call" in grammar_for_tools(c)
+
+
+def test_a_schema_the_converter_cannot_take_still_holds_the_calls_name_and_shape():
+    pytest.importorskip("llama_cpp")
+    from llmd.backends.llamacpp.sampler import grammar_for_tools
+    from llmd.chat.formats import ChatFormat
+    from llmd.chat.tools import constraint
+
+    tools = [{"type": "function", "function": {"name": "odd", "description": "",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "x": {"type": "no-such-type"}}}}}]
+    c = constraint(ChatFormat(tools="hermes", thinking=False), tools, "required", False)
+    assert c is not None and c.fallback is not None
+    grammar = grammar_for_tools(c)
+    assert '"odd"' in grammar.replace('\\"', '"') and "no-such-type" not in grammar
