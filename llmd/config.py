@@ -121,6 +121,11 @@ class Paths:
         return self.cache / "prefix"
 
     @property
+    def prefix_key(self) -> Path:
+        """The HMAC key of the prefix cache's entries: in the config folder, apart from what it signs."""
+        return self.config / "prefix-cache.key"
+
+    @property
     def repack_record(self) -> Path:
         return self.data / "repack.json"
 

@@ -193,6 +193,7 @@ class EngineConfig:
     gpu_layers: int = 0
     model_digest: str = ""
     prefix_dir: str = ""  # on-disk prefix KV cache folder; "" turns it off
+    prefix_key_file: str = ""  # the HMAC key its entries are signed with (none: the disk tier is off)
     prefix_max_bytes: int = 0
     prefix_min_tokens: int = 256
     profile: bool = False

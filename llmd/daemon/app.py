@@ -31,7 +31,7 @@ from llmd.daemon.routes import (
     responses,
 )
 from llmd.daemon.scheduler import Scheduler
-from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_token
+from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_key, load_or_create_token
 from llmd.daemon.stored_responses import StoredResponses
 from llmd.daemon.suggestions import Suggestions
 from llmd.errors import LlmdError, Overloaded
@@ -68,6 +68,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         registry = Registry(settings.paths.registry_db, settings.paths.models_dir)
         registry.sync_packaged()
         app.state.token = load_or_create_token(settings.paths.config)
+        load_or_create_key(settings.paths.prefix_key)  # before any worker reads or writes a prefix entry
         app.state.response_cache = (
             ResponseCache(settings.paths.response_cache_db, settings.response_cache_ttl,
                           settings.response_cache_mb * 1024 * 1024)
@@ -85,7 +86,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
             from llmd.backends.llamacpp.prefix_store import PrefixStore
 
             await asyncio.to_thread(PrefixStore, settings.paths.prefix_dir, settings.prefix_cache_mb * 1024 * 1024,
-                                    True)
+                                    sweep=True)
         app.state.metrics = Metrics(is_model=registry.has)
         sampler = asyncio.ensure_future(app.state.metrics.run_sampler(sched.status))
         preload = None

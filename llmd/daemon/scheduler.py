@@ -263,6 +263,7 @@ class Scheduler:
                            chunk=s.chunk, threads=fixed_threads(s.threads), gpu_layers=gpu_layers, model_digest=row["digest"],
                            precision=choice.precision,
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
+                           prefix_key_file=str(s.paths.prefix_key),
                            prefix_min_tokens=s.prefix_min_tokens, profile=s.profile, exact=s.exact,
                            prefill_budget=s.prefill_budget, prefix_ram_bytes=s.prefix_ram_mb * 1024 * 1024,
                            speculation=s.speculation,

@@ -153,16 +153,37 @@ def load_or_create_token(config_dir: Path) -> str:
         log.warning("the token file %s is empty or malformed; writing a new token", path)
     except FileNotFoundError:
         pass
-    config_dir.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
+    _write_private(path, (token + "\n").encode())
+    return token
+
+
+def load_or_create_key(path: Path) -> bytes:
+    """A 32-byte secret in a file only the user reads (the prefix cache's HMAC key): made once,
+    never trusted short."""
+    try:
+        key = path.read_bytes()
+        if len(key) == 32:
+            return key
+        log.warning("the key file %s is not 32 bytes; writing a new key (entries signed with the old one are dropped)",
+                    path)
+    except FileNotFoundError:
+        pass
+    key = secrets.token_bytes(32)
+    _write_private(path, key)
+    return key
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Written whole or not at all (temp file, fsync, rename), mode 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return token
 
 
 def authorize(request: Any, token: str, *, reads_local_files: bool = False) -> None:

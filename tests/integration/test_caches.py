@@ -13,6 +13,8 @@ import pytest
 from conftest import Daemon, token
 from test_engine import SYSTEM
 
+from llmd.backends.llamacpp.prefix_store import MAC_BYTES, MAGIC, PrefixStore
+
 pytestmark = pytest.mark.integration
 NO_STORE = {"Cache-Control": "no-store"}
 ENV1 = {"LLMD_SLOTS": "1", "LLMD_PREFIX_MIN_TOKENS": "128"}
@@ -184,7 +186,6 @@ def test_an_entry_with_another_entrys_state_is_dropped(tmp_path: Path):
     another prompt's, of another length. It is dropped at restore, never served."""
     import struct
     import time
-    import zlib
 
     home = tmp_path / "home"
     d = Daemon(home, env=ENV1).start()
@@ -203,16 +204,18 @@ def test_an_entry_with_another_entrys_state_is_dropped(tmp_path: Path):
     def parts(f: Path) -> tuple[dict, bytes]:
         data = f.read_bytes()
         (hlen,) = struct.unpack_from("<Q", data, 8)
-        return json.loads(data[16:16 + hlen]), data[16 + hlen:]
+        return json.loads(data[16:16 + hlen]), data[16 + hlen + MAC_BYTES:]
 
-    # each entry gets the other's state, its size and checksum fixed up to match
+    # each entry gets the other's state, its size fixed up and signed with this user's own key (an
+    # entry without a valid signature never gets this far: tests/unit/test_prefix_store.py)
+    signer = PrefixStore(home / "cache" / "prefix", 1 << 30, (home / "config" / "prefix-cache.key").read_bytes())
     files = _entry_files(d)
     assert len(files) == 2
     (h0, s0), (h1, s1) = parts(files[0]), parts(files[1])
     assert len(h0["tokens"]) != len(h1["tokens"])
     for f, header, donor in ((files[0], h0, s1), (files[1], h1, s0)):
-        raw = json.dumps({**header, "size": len(donor), "crc32": zlib.crc32(donor)}).encode()
-        f.write_bytes(b"LLMDKV1\n" + struct.pack("<Q", len(raw)) + raw + donor)
+        raw = json.dumps({**header, "size": len(donor)}).encode()
+        f.write_bytes(MAGIC + struct.pack("<Q", len(raw)) + raw + signer._mac(raw, donor) + donor)
     d = Daemon(home, env=ENV1, port=d.port).start()
     try:
         got = chat(d, long_chat("Who saved the sailors?", " Be brief."), headers=NO_STORE).json()

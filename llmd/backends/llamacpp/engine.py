@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
+from pathlib import Path
 from typing import Any
 
 from llmd.backends.base import (
@@ -72,6 +73,16 @@ from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
 
 log = logging.getLogger("llmd.engine")
 PREFILL_THREADS_MIN = 32  # a step with at least this many tokens runs on every thread (_threads_for)
+
+
+def _key(path: str) -> bytes:
+    """The prefix cache's HMAC key (the daemon made it); without one, nothing is read from disk."""
+    try:
+        key = Path(path).read_bytes() if path else b""
+    except OSError as e:
+        log.warning("prefix cache: cannot read its key %s (%s); the disk tier is off", path, e)
+        return b""
+    return key if len(key) == 32 else b""
 
 
 def _rss() -> int:
@@ -153,7 +164,8 @@ class LlamaCppEngine:
         self.heartbeat: Callable[[], None] | None = None  # set by the worker: "still working" for long calls
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
         self.prefix = (PrefixCache(cfg.prefix_dir, cfg.prefix_max_bytes, cfg.prefix_ram_bytes, cfg.model_digest,
-                                   cfg.chunk, cfg.exact, cfg.prefix_min_tokens) if cfg.model_digest else None)
+                                   cfg.chunk, cfg.exact, cfg.prefix_min_tokens, _key(cfg.prefix_key_file))
+                       if cfg.model_digest else None)
         t_warm = time.perf_counter()
         n_warm = self._warm_up()
         # a first estimate of the prefill cost per token (a cold first decode: on the high side),

@@ -46,14 +46,15 @@ class Hit:
 
 class PrefixCache:
     def __init__(self, root: str, max_bytes: int, ram_bytes: int, model_digest: str, chunk: int, exact: bool,
-                 min_tokens: int) -> None:
+                 min_tokens: int, key: bytes = b"") -> None:
+        """`key`: the HMAC key entries are signed with; without one the disk tier is off."""
         self.chunk = chunk
         self.exact = exact
         self.min_tokens = min_tokens
         self.ns = namespace(model_digest, chunk, "exact" if exact else "fast")
-        self.disk = PrefixStore(Path(root), max_bytes) if root and max_bytes > 0 else None
-        self.writer = PrefixWriter(Path(root), max_bytes) if self.disk is not None else None
-        self.reader = PrefixReader(Path(root), max_bytes) if self.disk is not None else None
+        self.disk = PrefixStore(Path(root), max_bytes, key) if root and max_bytes > 0 and key else None
+        self.writer = PrefixWriter(Path(root), max_bytes, key) if self.disk is not None else None
+        self.reader = PrefixReader(Path(root), max_bytes, key) if self.disk is not None else None
         self.ram_bytes = ram_bytes
         self._ram: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()  # entry -> (tokens, state), LRU
         self._ram_blocks: dict[str, tuple[str, int]] = {}  # block hash -> (entry, depth)

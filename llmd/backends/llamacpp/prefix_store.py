@@ -7,9 +7,12 @@ An entry is one sequence's KV state (`llama_state_seq_get_data`) with its tokens
 index maps every whole block the entry covers to it, so a new prompt finds its deepest stored
 block with one query.
 
-Files are written atomically (temp file, fsync, rename) and carry a CRC32, their tokens and their
-namespace; a payload that fails any of them, or that llama.cpp refuses to load, is dropped and
-logged, never used. The namespace in the file is checked again at read, so an entry written by
+Files are written atomically (temp file, fsync, rename) and carry their tokens, their namespace
+and an HMAC-SHA256 over both and the state, keyed by a secret in the config folder (0600): the
+cache folder is input, and llama.cpp's state loader has had heap overflows on crafted files, so
+nothing that anyone who can write this folder wrote reaches it. An entry that fails the MAC (a
+flipped byte, a cut file, an entry from another user's cache), any other check, or llama.cpp's
+own load is dropped, counted and logged, never used. The namespace in the file is checked again at read, so an entry written by
 another llama.cpp build (whose saved-state format may differ: llama.cpp bumped it in 2025) or
 for another model file is never fed to this one, whatever the index says.
 Least recently used entries go first when the size bound is passed.
@@ -18,13 +21,13 @@ Least recently used entries go first when the size bound is passed.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +39,8 @@ import sqlite_utils
 from llmd.db import open_cache_db
 
 log = logging.getLogger("llmd.prefix_cache")
-MAGIC = b"LLMDKV1\n"
+MAGIC = b"LLMDKV2\n"  # 2: an HMAC instead of a CRC32 (older entries are dropped as unreadable)
+MAC_BYTES = 32
 T = TypeVar("T")
 SLOW_READ_ENV = "LLMD_TEST_SLOW_PREFIX_READ"  # test-only: seconds each disk read waits first
 
@@ -83,8 +87,10 @@ class Match:
 class PrefixStore:
     """The index and the files. One instance per thread (each has its own SQLite connection)."""
 
-    def __init__(self, root: Path, max_bytes: int, sweep: bool = False) -> None:
+    def __init__(self, root: Path, max_bytes: int, key: bytes = b"", sweep: bool = False) -> None:
+        """`key`: the HMAC key; a store without one can list, clear and sweep, not read or write."""
         self.root = root
+        self._key = key
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(root, 0o700)
         self.db = open_cache_db(root / "index.db", MIGRATIONS)
@@ -124,27 +130,27 @@ class PrefixStore:
         path = self.path(entry)
         stale = ""
         try:
+            if not self._key:
+                raise ValueError("no key to check it with")
             data = path.read_bytes()
             if data[:8] != MAGIC:
                 raise ValueError("bad magic")
             (hlen,) = struct.unpack_from("<Q", data, 8)
-            if hlen > len(data) - 16:
+            if hlen > len(data) - 16 - MAC_BYTES:
                 raise ValueError(f"header length {hlen} runs past the file ({len(data)} bytes)")
-            header = json.loads(data[16:16 + hlen])
+            head, mac, state = data[16:16 + hlen], data[16 + hlen:16 + hlen + MAC_BYTES], data[16 + hlen + MAC_BYTES:]
+            if not hmac.compare_digest(mac, self._mac(head, state)):  # before anything in it is believed
+                raise ValueError("its signature does not match (changed, cut short, or not written by this user's llmd)")
+            header = json.loads(head)
             if not isinstance(header, dict):
                 raise ValueError("header is not an object")
-            tokens, size, crc = header.get("tokens"), header.get("size"), header.get("crc32")
+            tokens = header.get("tokens")
             if not (isinstance(tokens, list) and all(type(t) is int and t >= 0 for t in tokens)):
                 raise ValueError("tokens is not a list of token ids")
             if header.get("n_tokens") != len(tokens) or not tokens:
                 raise ValueError("n_tokens does not match the tokens")
-            if type(size) is not int or type(crc) is not int:
-                raise ValueError("size or crc32 is not an integer")
-            state = data[16 + hlen:]
-            if len(state) != size:
-                raise ValueError(f"payload is {len(state)} bytes, header says {size}")
-            if zlib.crc32(state) != crc:
-                raise ValueError("checksum mismatch")
+            if header.get("size") != len(state):
+                raise ValueError(f"payload is {len(state)} bytes, header says {header.get('size')}")
             if tokens[: len(expect)] != expect:
                 raise ValueError("tokens do not match the index")
             if header.get("namespace") != ns:
@@ -161,14 +167,15 @@ class PrefixStore:
         return list(tokens), state
 
     def write(self, ns: str, tokens: list[int], hashes: list[str], state: bytes) -> str:
+        if not self._key:
+            raise ValueError("the prefix store has no key to sign entries with")
         entry = hashes[-1][:32]
-        header = json.dumps({"n_tokens": len(tokens), "tokens": tokens, "size": len(state),
-                             "crc32": zlib.crc32(state), "namespace": ns}).encode()
+        header = json.dumps({"n_tokens": len(tokens), "tokens": tokens, "size": len(state), "namespace": ns}).encode()
         path = self.path(entry)
         tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
         # 0600: an entry holds the prompt's token ids, which decode back to the prompt
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+            f.write(MAGIC + struct.pack("<Q", len(header)) + header + self._mac(header, state))
             f.write(state)
             f.flush()
             os.fsync(f.fileno())
@@ -182,6 +189,11 @@ class PrefixStore:
                                      [(h, entry, i + 1) for i, h in enumerate(hashes)])
         self.evict()
         return entry
+
+    def _mac(self, header: bytes, state: bytes) -> bytes:
+        m = hmac.new(self._key, MAGIC + struct.pack("<Q", len(header)) + header, hashlib.sha256)
+        m.update(state)
+        return m.digest()
 
     def drop(self, entry: str) -> None:
         with self.db.conn:
@@ -224,8 +236,8 @@ class PrefixStore:
 class PrefixWriter:
     """Writes entries on a background thread so saving never delays a reply or a step."""
 
-    def __init__(self, root: Path, max_bytes: int) -> None:
-        self._root, self._max = root, max_bytes
+    def __init__(self, root: Path, max_bytes: int, key: bytes) -> None:
+        self._root, self._max, self._key = root, max_bytes, key
         self._jobs: list[tuple[str, list[int], list[str], bytes]] = []
         self._cv = threading.Condition()
         self._closed = False
@@ -266,7 +278,7 @@ class PrefixWriter:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        store = PrefixStore(self._root, self._max)
+        store = PrefixStore(self._root, self._max, self._key)
         while True:
             with self._cv:
                 while not self._jobs and not self._closed:
@@ -288,8 +300,8 @@ class PrefixReader:
     """Reads entries on a background thread: an entry can be hundreds of MB, and reading it on the
     step thread would hold every other stream for as long as the disk takes."""
 
-    def __init__(self, root: Path, max_bytes: int) -> None:
-        self._root, self._max = root, max_bytes
+    def __init__(self, root: Path, max_bytes: int, key: bytes) -> None:
+        self._root, self._max, self._key = root, max_bytes, key
         self._store: PrefixStore | None = None  # made on the reader thread (its own connection)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="llmd-prefix-reader")
         self._delay = float(os.environ.get(SLOW_READ_ENV) or 0)
@@ -301,7 +313,7 @@ class PrefixReader:
         if self._delay:
             time.sleep(self._delay)
         if self._store is None:
-            self._store = PrefixStore(self._root, self._max)
+            self._store = PrefixStore(self._root, self._max, self._key)
         return fn(self._store)
 
     def close(self) -> None:
