@@ -6,7 +6,10 @@ from reaching Python internals. Models without a template get ChatML, and say so
 
 from __future__ import annotations
 
+import ctypes
 import json
+import re
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -35,7 +38,12 @@ _QWEN_CALL_EXAMPLE = ('<tool_call>\n{{"name": <function-name>, "arguments": <arg
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    if indent is not None and not (isinstance(indent, int) and 0 <= indent <= 16):
+        raise TemplateError(f"tojson(indent={indent!r}): at most 16")
+    out = json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    if len(out) > MAX_RENDER_CHARS:
+        raise TemplateError(f"tojson wrote more than {MAX_RENDER_CHARS} characters")
+    return out
 
 
 def _raise(message: str) -> None:
@@ -43,11 +51,78 @@ def _raise(message: str) -> None:
 
 
 # A template is code from a downloaded file: beside the sandbox, its work is bounded. Loops over
-# `range` share one budget per render (the sandbox bounds each range, not nested ones), and the
-# output is cut off (a 400) past MAX_RENDER_CHARS; messages themselves are bounded by the body limit.
+# `range` share one budget per render (the sandbox bounds each range, not nested ones); the whole
+# render has a deadline that interrupts any Python-level work (a loop that writes nothing
+# included); nothing the template computes in one C-level step may grow past MAX_RENDER_CHARS
+# ('x' * 10**10, ljust(10**10), tojson(indent=...)); the output is cut off (a 400) past it.
 MAX_RANGE_STEPS = 1_000_000
 MAX_RENDER_CHARS = 64 * 1024 * 1024
 MAX_RENDER_S = 5.0
+
+
+class RenderTimeout(Exception):
+    """Raised inside the rendering thread when its deadline passes."""
+
+
+class _Deadline:
+    """Interrupts the thread that made it after `seconds` (an exception raised at its next Python
+    step), unless closed first; a pending interruption never escapes `close`'s caller's render."""
+
+    def __init__(self, seconds: float) -> None:
+        self._tid = threading.get_ident()
+        self._lock = threading.Lock()
+        self._live = True
+        self._fired = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._live:
+                self._fired = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._tid), ctypes.py_object(RenderTimeout))
+
+    def close(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._live = False
+            if self._fired:  # delivered already, or about to be: cleared either way
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._tid), None)
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, str | bytes | list | tuple) else 0
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with the operators and calls that can build a huge value in one step bounded."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            n, seq = (right, left) if isinstance(right, int) else (left, right)
+            if isinstance(n, int) and _size(seq) * max(n, 0) > MAX_RENDER_CHARS:
+                raise TemplateError(f"the chat template multiplies a sequence past {MAX_RENDER_CHARS} items")
+        if operator == "**" and isinstance(right, int | float) and abs(right) > 256:
+            raise TemplateError("the chat template raises a number to a power over 256")
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's)
+        if any(isinstance(a, int) and not isinstance(a, bool) and a > MAX_RENDER_CHARS
+               for a in (*args, *kwargs.values())):
+            raise TemplateError(f"the chat template calls {__obj!r} with a number over {MAX_RENDER_CHARS}")
+        return super().call(__context, __obj, *args, **kwargs)
+
+
+def _bounded_filter(name: str, fn: Any) -> Any:
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(a, int) and not isinstance(a, bool) and a > MAX_RENDER_CHARS
+               for a in (*args, *kwargs.values())):
+            raise TemplateError(f"the chat template's {name} filter was given a number over {MAX_RENDER_CHARS}")
+        return fn(*args, **kwargs)
+    return bounded
 
 
 class _Budget:
@@ -73,7 +148,10 @@ class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
         self.builtin = source is None
         self.source = source if source is not None else CHATML
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        for name in ("center", "indent", "wordwrap", "truncate", "format", "batch", "slice"):
+            if name in env.filters:
+                env.filters[name] = _bounded_filter(name, env.filters[name])
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         # tojson as transformers defines it for chat templates: keys in the order given, no HTML
@@ -91,24 +169,30 @@ class ChatTemplate:
         extra: dict[str, Any] = {"tools": tools} if tools else {}
         budget = _Budget()
         try:
-            out: list[str] = []
-            size = 0
-            for piece in self._template.generate(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self._bos,
-                eos_token=self._eos,
-                range=budget.range,
-                **extra,
-            ):
-                size += len(piece)
-                if size > MAX_RENDER_CHARS or time.monotonic() > budget.deadline:
-                    raise TemplateError(f"the chat template's output ran past {MAX_RENDER_CHARS} characters or "
-                                        f"{MAX_RENDER_S:g} s; is it a real chat template?")
-                out.append(piece)
-            text = "".join(out)
-            return text.replace(*_QWEN_CALL_EXAMPLE) if tools else text
-        except TemplateError as e:
+            deadline = _Deadline(MAX_RENDER_S)
+            try:
+                out: list[str] = []
+                size = 0
+                for piece in self._template.generate(
+                    messages=messages,
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=self._bos,
+                    eos_token=self._eos,
+                    range=budget.range,
+                    **extra,
+                ):
+                    size += len(piece)
+                    if size > MAX_RENDER_CHARS:
+                        raise TemplateError(f"the chat template's output ran past {MAX_RENDER_CHARS} characters; "
+                                            "is it a real chat template?")
+                    out.append(piece)
+            finally:
+                deadline.close()
+            return "".join(out)
+        except RenderTimeout:
+            raise BadRequest(f"the model's chat template ran past {MAX_RENDER_S:g} s on these messages; is it a "
+                             "real chat template?", "messages") from None
+        except (TemplateError, MemoryError, RecursionError, OverflowError) as e:
             raise BadRequest(f"the model's chat template refused these messages: {e}", "messages") from None
 
     def between_turns(self) -> str:
@@ -127,40 +211,21 @@ class ChatTemplate:
                       tools: list[dict[str, Any]] | None = None) -> list[tuple[str, bool]]:
         """The rendered prompt as (text, is_message_content) pieces, so the engine can tokenize what
         users wrote without special-token parsing: a message saying "<|im_end|>" stays text and
-        cannot forge a turn. Each content is swapped for a sentinel while rendering; a template
-        that changes contents beyond recognition gets its contents found in order instead."""
+        cannot forge a turn. Each content is swapped for a sentinel while rendering, so the
+        template's own text is known exactly; a template that changes contents (trims them, say)
+        gets them as they were sent, never parsed for special tokens."""
         contents = [m.get("content") if isinstance(m.get("content"), str) else None for m in messages]
         marked = [{**m, "content": f"\ue000{i}\ue001"} if c else m for i, (m, c) in enumerate(zip(messages, contents,
                                                                                               strict=True))]
-        text = self.render(marked, tools=tools)
+        skeleton = _SENTINEL.split(self.render(marked, tools=tools))  # template text, index, template text...
         pieces: list[tuple[str, bool]] = []
-        cursor = 0
-        for i, c in enumerate(contents):
-            if not c:
-                continue
-            mark = f"\ue000{i}\ue001"
-            at = text.find(mark, cursor)
-            if at < 0 or text.count(mark) != 1:
-                return _find_in_order(self.render(messages, tools=tools), [c for c in contents if c])
-            pieces.append((text[cursor:at], False))
-            pieces.append((c, True))
-            cursor = at + len(mark)
-        pieces.append((text[cursor:], False))
-        plain = self.render(messages, tools=tools)
-        if "".join(p for p, _ in pieces) != plain:  # the template transforms contents (upper, trim...)
-            return _find_in_order(plain, [c for c in contents if c])
+        for k, part in enumerate(skeleton):
+            if k % 2 == 0:
+                # Qwen2.5's doubled braces, fixed in the template's own text only (never in a message)
+                pieces.append((part.replace(*_QWEN_CALL_EXAMPLE) if tools else part, False))
+            elif 0 <= int(part) < len(contents) and contents[int(part)]:
+                pieces.append((str(contents[int(part)]), True))
         return [p for p in pieces if p[0]]
 
 
-def _find_in_order(text: str, contents: list[str]) -> list[tuple[str, bool]]:
-    pieces: list[tuple[str, bool]] = []
-    cursor = 0
-    for c in contents:
-        at = text.find(c, cursor)
-        if at < 0:
-            continue
-        pieces.append((text[cursor:at], False))
-        pieces.append((c, True))
-        cursor = at + len(c)
-    pieces.append((text[cursor:], False))
-    return [p for p in pieces if p[0]]
+_SENTINEL = re.compile("\ue000(\\d+)\ue001")
