@@ -144,7 +144,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     qtype = args.type.upper()
     name = args.name or f"{args.model}-{qtype.lower()}"
     registry.check_free(name)
-    p = plan(Path(src["path"]), settings.paths.models_dir / f"{name}.gguf", qtype)
+    # a file of its own in the models folder, whatever the name holds (check_free allows no ".." part)
+    p = plan(Path(src["path"]), settings.paths.models_dir / (name.replace("/", "--").replace(":", "-") + ".gguf"),
+             qtype)
     if p.warning:
         print(f"warning: {p.warning}", file=sys.stderr)
     with Progress("[progress.description]{task.description}", BarColumn(), "{task.percentage:>3.0f}%",

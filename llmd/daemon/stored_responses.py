@@ -65,9 +65,10 @@ class StoredResponses:
         return {"stored": n, "bytes": self._bytes, "max_bytes": self.max_bytes, "pruned": self.pruned}
 
     def _expire(self) -> None:
-        with self.db.conn:
-            gone = self.db.conn.execute(f"delete from stored where created_at < ? returning {SIZE}",
-                                        [time.time() - KEEP_S]).fetchall()
+        cutoff = time.time() - KEEP_S
+        with self.db.conn:  # no DELETE ... RETURNING: it needs SQLite 3.35, and Debian 11 has 3.34
+            gone = self.db.conn.execute(f"select {SIZE} from stored where created_at < ?", [cutoff]).fetchall()
+            self.db.conn.execute("delete from stored where created_at < ?", [cutoff])
         self._bytes -= sum(r[0] for r in gone)
         self._expired = time.monotonic()
 
@@ -94,6 +95,7 @@ class StoredResponses:
 
     def delete(self, rid: str) -> bool:
         with self._lock, self.db.conn:
-            gone = self.db.conn.execute(f"delete from stored where id = ? returning {SIZE}", [rid]).fetchall()
+            gone = self.db.conn.execute(f"select {SIZE} from stored where id = ?", [rid]).fetchall()
+            self.db.conn.execute("delete from stored where id = ?", [rid])
             self._bytes -= sum(r[0] for r in gone)
             return bool(gone)

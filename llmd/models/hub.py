@@ -91,7 +91,7 @@ def parse_ref(text: str) -> HubRef:
     valid = all(_PART_RE.fullmatch(p) and ".." not in p for p in parts)
     if valid and len(parts) == 3 and parts[2].lower().endswith(".gguf") and not quant:
         return HubRef(f"{parts[0]}/{parts[1]}", filename=parts[2])
-    if len(parts) != 2 or not valid or (quant and not re.fullmatch(r"[A-Za-z0-9_]+", quant)):
+    if len(parts) != 2 or not valid or (quant and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", quant)):
         raise BadRequest(f"{text!r} is not a Hugging Face model reference: give USER/REPO[:QUANT] (e.g. "
                          "bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M) or USER/REPO/FILE.gguf", "model")
     if quant and quant.lower() == "latest":
@@ -146,6 +146,9 @@ def plan(ref: HubRef, api: Any = None) -> PullPlan:
                                 "model")
         quant = quant_of(wanted) or Path(wanted).stem
         chosen = _parts_of(wanted, models)
+    elif ref.quant and (tagged := [n for n in models if _names_tag(n, ref.quant)]):
+        quant = ref.quant  # a tag as the repo's files spell it (UD-Q4_K_XL, IQ4_XS...)
+        chosen = _parts_of(sorted(tagged)[0], models)
     else:
         by_quant: dict[str, list[str]] = {}
         for n in models:
@@ -163,6 +166,10 @@ def plan(ref: HubRef, api: Any = None) -> PullPlan:
         first = sorted(by_quant[quant])[0]
         chosen = _parts_of(first, models)
     return PullPlan(ref, info.sha or "main", quant, [files[n] for n in chosen], model_name(ref, quant), notes)
+
+
+def _names_tag(filename: str, tag: str) -> bool:
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(tag)}(?![A-Za-z0-9])", Path(filename).name, re.IGNORECASE) is not None
 
 
 def _rank(q: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -66,6 +67,9 @@ def _m007_remote(db: sqlite_utils.Database) -> None:
 MIGRATIONS = [("001_models", _m001_models), ("002_packaged_seen", _m002_packaged_seen),
               ("003_lineage_and_eval", _m003_lineage_and_eval), ("004_checkpoint", _m004_checkpoint),
               ("005_draft", _m005_draft), ("006_origin", _m006_origin), ("007_remote", _m007_remote)]
+# a model name: Ollama-style, parts separated by "/" as imported and Hub names have them
+# (hf.co/org/repo:Q4_K_M), each part starting with a letter or digit (no empty or ".." parts)
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*(/[A-Za-z0-9][A-Za-z0-9._:-]*)*$"
 OWNED = ("created", "pulled")  # sources whose files llmd made, and so may delete
 
 
@@ -160,6 +164,10 @@ class Registry:
             return self.get(name)
 
     def check_free(self, name: str) -> None:
+        """A new name: well formed (one rule for every way a name is made) and not taken."""
+        if not re.fullmatch(MODEL_NAME, name):
+            raise BadRequest(f"{name!r} is not a model name: letters, digits and . _ : - in parts separated by /, "
+                             "each part starting with a letter or digit (no empty or '..' parts)", "name")
         if self._row(name) is not None:
             raise BadRequest(f"a model named {name!r} is already registered; pick another with --name", "name")
 

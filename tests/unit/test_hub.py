@@ -27,6 +27,7 @@ from llmd.models.hub import (
     ("hf.co/bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q8_0", HubRef("bartowski/Qwen2.5-0.5B-Instruct-GGUF", "Q8_0")),
     ("https://huggingface.co/org/repo:latest", HubRef("org/repo")),
     ("org/repo/model-Q5_K_M.gguf", HubRef("org/repo", filename="model-Q5_K_M.gguf")),
+    ("hf.co/unsloth/Qwen3-8B-GGUF:UD-Q4_K_XL", HubRef("unsloth/Qwen3-8B-GGUF", "UD-Q4_K_XL")),
 ])
 def test_references(text: str, want: HubRef):
     assert parse_ref(text) == want
@@ -74,3 +75,13 @@ def test_a_listed_file_name_that_leaves_the_folder_is_refused(tmp_path: Path, na
     with pytest.raises(UpstreamError, match="outside"):
         inside(tmp_path / "models", name)
     assert inside(tmp_path / "models", "sub/ok-Q4_K_M.gguf") == (tmp_path / "models" / "sub" / "ok-Q4_K_M.gguf")
+
+
+def test_a_tag_as_the_repo_spells_it_picks_that_file():
+    from types import SimpleNamespace
+
+    names = ["Qwen3-8B-Q4_K_M.gguf", "Qwen3-8B-UD-Q4_K_XL.gguf", "Qwen3-8B-UD-Q2_K_XL.gguf"]
+    info = SimpleNamespace(sha="abc", siblings=[SimpleNamespace(rfilename=n, size=10, lfs=None) for n in names])
+    api = SimpleNamespace(model_info=lambda repo, files_metadata: info)
+    got = hub.plan(parse_ref("unsloth/Qwen3-8B-GGUF:UD-Q4_K_XL"), api)
+    assert [f.name for f in got.files] == ["Qwen3-8B-UD-Q4_K_XL.gguf"] and got.name == "qwen3-8b:ud-q4_k_xl"

@@ -83,3 +83,16 @@ def test_names_are_read_again_only_after_a_write(tmp_path: Path):
     other = Registry(tmp_path / "registry.db", tmp_path / "models")  # a CLI's connection writes
     other.add_remote("a-model", SPEC, "openai")
     assert reg.names() == ["a-model", "b-model"]
+
+
+def test_a_name_with_a_dot_dot_part_is_refused_on_every_path(tmp_path: Path):
+    import pytest
+
+    reg = Registry(tmp_path / "registry.db", tmp_path / "models")
+    reg.add_remote("ok", SPEC, "openai")
+    for bad in ("../etc", "a/../b", "a//b", "/abs", ".hidden"):
+        with pytest.raises(BadRequest, match="not a model name"):
+            reg.copy("ok", bad)
+        with pytest.raises(BadRequest, match="not a model name"):
+            reg.add_remote(bad, SPEC, "openai")
+    assert reg.copy("ok", "hf.co/org/repo:UD-Q4_K_XL")["name"] == "hf.co/org/repo:UD-Q4_K_XL"

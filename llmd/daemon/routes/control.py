@@ -24,7 +24,7 @@ from llmd.daemon.security import authorize
 from llmd.errors import BadRequest
 from llmd.models.gguf import read_gguf
 from llmd.models.memory import available_bytes, choose_ctx, estimate
-from llmd.models.registry import NO_DRAFT, check_pair
+from llmd.models.registry import MODEL_NAME, NO_DRAFT, check_pair
 
 
 class PairBody(BaseModel):
@@ -48,11 +48,6 @@ class ClearCacheBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     responses: bool = True
     prefixes: bool = True
-
-
-# a model name: Ollama-style, parts separated by "/" as imported and Hub names have them
-# (hf.co/org/repo:Q4_K_M), each part starting with a letter or digit (no empty or ".." parts)
-MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*(/[A-Za-z0-9][A-Za-z0-9._:-]*)*$"
 
 
 class AddModelBody(BaseModel):

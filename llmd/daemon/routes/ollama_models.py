@@ -24,6 +24,7 @@ from llmd.daemon.routes._common import canonical_name, parse_body
 from llmd.daemon.security import authorize
 from llmd.errors import BadRequest, LlmdError, UpstreamError
 from llmd.models.hub import HubFile, PullPlan, is_hub_ref, parse_ref, pull
+from llmd.models.registry import MODEL_NAME
 
 PROGRESS_EVERY_S = 0.25  # at most this often per file: a client redraws its bar, nothing more
 
@@ -45,7 +46,7 @@ class DeleteBody(BaseModel):
 class CopyBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source: str = Field(min_length=1)
-    destination: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    destination: str = Field(min_length=1, pattern=MODEL_NAME)
 
 
 def _model_of(body: PullBody | DeleteBody) -> str:
