@@ -5,17 +5,30 @@ requests that arrive together share one prefill. Counted only once a route had p
 the first of four requests sent at once often reached the engine before the other three were
 counted: it was prefilled alone and the others waited for that step (the slowest first token of
 four clients 0.43 s against 0.34 s when the four shared the step). Counting starts here, when the
-request's headers are read; `_common._start` takes the count over and releases it at submission.
+request's headers are read, in the request's Admission, which submission (or whoever is first
+after it: the route, this middleware) takes out, once.
 """
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
+
+from llmd.daemon.scheduler import Admission
 
 # the routes whose requests are submitted to an engine to generate
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                               "/api/chat", "/api/generate", "/infill"})
-COUNTED = "llmd.counted"  # scope key: this request is in Scheduler.preparing
+ADMISSION = "llmd.admission"  # scope key: the request's Admission, counted in Scheduler.preparing
+
+
+def admission_of(scope: MutableMapping[str, Any], scheduler: Any) -> Admission:
+    """The request's Admission, counted (from its arrival when the middleware saw it)."""
+    admission = scope.get(ADMISSION)
+    if admission is None:
+        admission = scope[ADMISSION] = Admission()
+    admission.enter(scheduler)
+    return admission
 
 
 class ArrivalMiddleware:
@@ -28,11 +41,8 @@ class ArrivalMiddleware:
                 or scheduler is None):
             await self.app(scope, receive, send)
             return
-        scheduler.preparing += 1
-        scope[COUNTED] = True
+        admission = admission_of(scope, scheduler)
         try:
             await self.app(scope, receive, send)
         finally:
-            if scope.get(COUNTED):  # never reached submission (a 4xx while parsing, a client gone)
-                scope[COUNTED] = False
-                scheduler.preparing -= 1
+            admission.leave(scheduler)  # never reached submission (a 4xx while parsing, a client gone)

@@ -77,6 +77,20 @@ class Admission:
     submitted: bool = False
     load_s: float = 0.0
     fallback: bool = False
+    counted: bool = False  # in Scheduler.preparing now
+
+    def enter(self, scheduler: Any) -> None:
+        if not self.counted:
+            self.counted = True
+            scheduler.preparing += 1
+
+    def leave(self, scheduler: Any) -> None:
+        """Out of the count, once whoever calls it first (submission, the route, the middleware):
+        a request whose stream started before its model had loaded was taken out twice, and the
+        count drifted below zero for good."""
+        if self.counted:
+            self.counted = False
+            scheduler.preparing -= 1
 
 
 @dataclass
@@ -569,7 +583,7 @@ class Scheduler:
                 admission.load_s = load_s
             if admission is not None and not admission.submitted:  # counted in `preparing` by the route
                 admission.submitted = True
-                self.preparing -= 1
+                admission.leave(self)
                 if self.preparing > 0 and isinstance(req, GenerationRequest):
                     req = replace(req, more_coming=True)
             queue = worker.submit(req)
@@ -604,6 +618,8 @@ class Scheduler:
                 else:
                     worker.cancel(req.id)
         finally:
+            if admission is not None:  # cancelled or failed before submission
+                admission.leave(self)
             self.in_flight -= 1
             self.touch()
             for used in users:

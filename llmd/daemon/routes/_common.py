@@ -22,7 +22,7 @@ from llmd.backends.repack import llama_cpp_version
 from llmd.chat.fim import spellings_in_vocab
 from llmd.chat.formats import STRUCTURED, ChatFormat, detect
 from llmd.chat.schema import MAX_BOUND, loosen
-from llmd.daemon.arrivals import COUNTED
+from llmd.daemon.arrivals import admission_of
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.daemon.scheduler import Admission
 from llmd.errors import BadRequest, ClientGone, LlmdError
@@ -365,15 +365,14 @@ def _note_loosened(request: Request, req: GenerationRequest) -> None:
 
 async def _start(request: Request, model: str | None, req: GenerationRequest, wait: float | None) -> Run:
     scheduler = request.app.state.scheduler
-    if not request.scope.get(COUNTED):  # counted at arrival by ArrivalMiddleware, else here
-        scheduler.preparing += 1  # the batching hint (scheduler.Admission)
-    request.scope[COUNTED] = False  # from here the count is this function's: submission takes it out
-    admission = Admission()
+    admission = admission_of(request.scope, scheduler)  # the batching hint (scheduler.Admission)
+    run = None
     try:
-        return await _prepare_run(request, model, req, admission, wait)
+        run = await _prepare_run(request, model, req, admission, wait)
+        return run
     finally:
-        if not admission.submitted:
-            scheduler.preparing -= 1
+        if run is None or run.pending is None:  # else the request is on its way to submission, which takes it out
+            admission.leave(scheduler)
 
 
 async def _prepare_run(request: Request, model: str | None, req: GenerationRequest,
