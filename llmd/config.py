@@ -176,6 +176,7 @@ class Settings:
     load_timeout_s: float = 600.0
     max_queue_model: int = 32
     remote_read_s: float = 120.0
+    remote_first_token_s: float = 600.0
     test_crash: str = ""
     test_slow_prefix_read: float = 0.0
     paths: Paths = field(default=None, compare=False)  # type: ignore[assignment]
@@ -240,6 +241,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("standby", "keep one worker process started ahead, so loads and switches skip its start"),
     Setting("remote_read_s", "a remote model's upstream that sends nothing this many seconds in a reply is cut "
             "off: the reply ends with an error naming it, and it is marked down"),
+    Setting("remote_first_token_s", "a remote model's upstream whose reply has not started after this many seconds "
+            "(a long prompt, a queue) is given up on for this request, and not marked down"),
     Setting("hang_s", "a worker with requests open that sends nothing (not even its heartbeat) this many "
             "seconds is stopped and replaced; its requests get an error"),
     Setting("load_timeout_s", "a model load that takes longer is stopped: its requests get 503 with the "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,9 @@ REPLY = "The lighthouse keeper lit the lamp at dusk."
 
 @dataclass
 class FakeUpstream:
-    mode: str = "ok"  # ok | malformed | error500 | truncated | stall | tools (vLLM's shape) | badcall | cutcall
+    # ok | malformed | error500 | truncated | stall | slow_start (8 s before its first chunk: a long
+    # prefill) | tools (vLLM's shape) | badcall | cutcall
+    mode: str = "ok"
     words: int = 0  # a longer healthy reply: REPLY's words repeated to this many (0: REPLY once)
     seen_auth: list[str] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -48,6 +51,8 @@ class FakeUpstream:
                 yield b"data: {\"choices\": [{\"delta\": {\"content\": \"The\"}}]}\n\n"
                 yield b"this is not an event stream\n\n"
                 return
+            if self.mode == "slow_start":
+                time.sleep(8)
             words = REPLY.split(" ")
             if self.words:  # as long as asked, up to `words`
                 n = min(self.words, int(body.get("max_tokens") or self.words))

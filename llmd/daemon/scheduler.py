@@ -343,7 +343,8 @@ class Scheduler:
         spec = RemoteSpec.from_json(row["remote"])
         cfg = EngineConfig(model_path=spec.urls[0], model_name=name, n_ctx=fixed_ctx(self.settings.ctx), n_slots=0, chunk=0,
                            model_digest=row["digest"])
-        handle = await RemoteHandle(spec, cfg, asyncio.get_running_loop(), self.settings.remote_read_s).start()
+        handle = await RemoteHandle(spec, cfg, asyncio.get_running_loop(), self.settings.remote_read_s,
+                                    self.settings.remote_first_token_s).start()
         self._loaded(name, handle)
         self._ensure_reaper()
         self.touch()

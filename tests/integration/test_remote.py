@@ -225,6 +225,20 @@ def test_an_upstream_that_stalls_mid_reply_ends_it_with_an_error_naming_it(front
     assert 4 < took < 30
 
 
+def test_an_upstream_slow_to_start_its_reply_is_waited_for_and_not_marked_down(front: Daemon):
+    """A long prefill or a queue on a healthy upstream: 8 s before its first chunk, past the 5 s
+    between chunks (LLMD_REMOTE_READ_S), well within LLMD_REMOTE_FIRST_TOKEN_S."""
+    fake = FakeUpstream(mode="slow_start")
+    with ThreadServer(fake.app()) as server:
+        assert add_remote(front, "slow-start", server.url).returncode == 0
+        for stream in (True, False):
+            r = httpx.post(front.url + "/v1/chat/completions", json={"model": "slow-start", **CHAT, "stream": stream},
+                           headers={"Cache-Control": "no-store"}, timeout=60)
+            assert r.status_code == 200 and "error" not in r.text and "lighthouse" in r.text, r.text
+        ups = {m["name"]: m for m in httpx.get(front.url + "/llmd/status").json()["loaded"]}["slow-start"]
+        assert all(u["up"] for u in ups["stats"]["upstreams"]), ups
+
+
 def test_keys_come_from_the_environment_and_are_never_stored_or_logged(front: Daemon, tmp_path: Path):
     fake = FakeUpstream()
     with ThreadServer(fake.app()) as server:

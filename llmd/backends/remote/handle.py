@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -52,10 +52,11 @@ async def _drain(lines: Any) -> None:
         pass
 
 
-async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """The body's lines as they arrive, however long (aiohttp's own line reader has a limit)."""
+async def _lines(content: aiohttp.StreamReader, wait_s: Callable[[], float]) -> AsyncIterator[str]:
+    """The body's lines as they arrive, however long (aiohttp's own line reader has a limit); a
+    TimeoutError when nothing arrives for wait_s() seconds (asked again at each read)."""
     buf = b""
-    async for chunk in content.iter_any():
+    while chunk := await asyncio.wait_for(content.readany(), wait_s()):
         buf += chunk
         *whole, buf = buf.split(b"\n")
         for line in whole:
@@ -81,7 +82,7 @@ class RemoteHandle:
     hung_for = None  # no process to hang: each request has its own timeouts
 
     def __init__(self, spec: RemoteSpec, cfg: EngineConfig, loop: asyncio.AbstractEventLoop,
-                 read_s: float = 120.0) -> None:
+                 read_s: float = 120.0, first_token_s: float = 600.0) -> None:
         self.spec = spec
         self.fallback = spec.fallback  # the local model the scheduler turns to when every upstream is down
         self.cfg = cfg
@@ -90,10 +91,13 @@ class RemoteHandle:
         # aiohttp rather than httpx here: measured on a stand-in upstream, half the time to the first
         # line and less than half the CPU per request (the relay's whole cost is this client)
         # trust_env: HTTPS_PROXY / NO_PROXY apply, as they did with httpx
-        # sock_read: an upstream that stalls mid-reply is cut off, not waited for forever
+        # two read timeouts (_generate): until the reply starts, first_token_s (a long prefill or a
+        # queue on a healthy upstream); then read_s between chunks (an upstream that stalls mid-reply
+        # is cut off and marked down)
         self.read_s = read_s
-        self.client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S,
-                                                                          sock_read=read_s), trust_env=True)
+        self.first_token_s = first_token_s
+        self.client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S),
+                                            trust_env=True)
         self.alive = True
         self.started = time.time()
         self.info: dict[str, Any] = {"engine": "remote", "model": cfg.model_name, "kind": spec.kind,
@@ -222,13 +226,16 @@ class RemoteHandle:
         up.in_flight += 1
         try:
             try:
-                r = await self.client.post(url, json=request_body(req, self.spec), headers=self._headers())
+                r = await asyncio.wait_for(self.client.post(url, json=request_body(req, self.spec),
+                                                            headers=self._headers()), self.first_token_s)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 raise _Unreachable(_why(e)) from e  # nothing was sent: the next may serve it
+            except TimeoutError:
+                raise self._not_started(up) from None
             try:
                 if r.status != 200:
                     raise error_of(self.spec, up.url, r.status, (await r.read())[:4000])
-                lines = _lines(r.content)
+                lines = _lines(r.content, lambda: self.read_s if t_first else self.first_token_s)
                 async for line in lines:
                     chunk = event_of(line, up.url)
                     if chunk is None:
@@ -254,9 +261,14 @@ class RemoteHandle:
                 r.close()  # a cancelled or failed request: the connection closes and the upstream stops
                 raise
             r.release()  # read to its end: the connection goes back to the pool
+        except TimeoutError:
+            if not t_first:  # a slow prefill or a queue: this request gives up, the upstream is not suspect
+                raise self._not_started(up) from None
+            why = f"it sent nothing for {self.read_s:g} s (LLMD_REMOTE_READ_S)"
+            up.mark_down(why)
+            raise UpstreamError(f"the upstream {up.url} failed during the reply ({why}); {n} tokens had arrived") from None
         except aiohttp.ClientError as e:  # after it answered: the reply is cut, and the upstream suspect
-            why = (f"it sent nothing for {self.read_s:g} s (LLMD_REMOTE_READ_S)"
-                   if isinstance(e, aiohttp.ServerTimeoutError) else _why(e))
+            why = _why(e)
             up.mark_down(why)
             raise UpstreamError(f"the upstream {up.url} failed during the reply ({why}); "
                                 f"{n} tokens had arrived") from e
@@ -273,6 +285,10 @@ class RemoteHandle:
             prompt_tokens=int(usage.get("prompt_tokens") or 0), completion_tokens=int(usage.get("completion_tokens") or n),
             cached_tokens=int(cached), ttft_s=(t_first - t0) if t_first else 0.0,
             prefill_s=(t_first - t0) if t_first else 0.0, decode_s=(t_last - t_first) if t_first else 0.0)))
+
+    def _not_started(self, up: Upstream) -> UpstreamError:
+        return UpstreamError(f"the upstream {up.url} had not started its reply after {self.first_token_s:g} s "
+                             "(LLMD_REMOTE_FIRST_TOKEN_S): a long prompt or a queue there; retry, or raise the setting")
 
     async def _embed(self, up: Upstream, req: EmbedRequest, queue: asyncio.Queue[Event]) -> None:
         inputs = [list(i) if isinstance(i, tuple) else i for i in req.inputs]
