@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -110,21 +110,24 @@ def test_claude_code_answers_writes_a_file_and_reads_one(rec: Recorder, tmp_path
     assert_clean(r, rec, "POST /v1/messages", "claude -p")
     assert "hello" in r.stdout.lower(), (r.stdout[-2000:], r.stderr[-2000:])
 
-    t0 = time.monotonic()
-    r = run([claude, "-p", "Create a file named hello.py that prints hello world.", "--allowedTools", "Write"],
-            work, env)
-    timed("claude", "write hello.py (session 2)", t0)
-    assert_clean(r, rec, "POST /v1/messages", "claude --allowedTools Write")
-    made = work / "hello.py"
-    assert made.exists() and "print" in made.read_text(), (r.stdout[-2000:], sorted(os.listdir(work)))
+    def attempts(prompt: str, tool: str, done: Callable[[subprocess.CompletedProcess], bool], step: str) -> None:
+        """Claude Code samples at temperature 1 (its API's default): on a 1.5B model a tool call is
+        likely, not certain, so a task gets three tries; each must run clean, one must do the task."""
+        for i in range(3):
+            t0 = time.monotonic()
+            r = run([claude, "-p", prompt, "--allowedTools", tool], work, env)
+            timed("claude", f"{step} (try {i + 1})", t0)
+            assert_clean(r, rec, "POST /v1/messages", f"claude --allowedTools {tool}")
+            if done(r):
+                return
+        raise AssertionError((step, r.stdout[-2000:], sorted(os.listdir(work))))
 
+    made = work / "hello.py"
+    attempts("Use the Write tool to create a file named hello.py that prints hello world.", "Write",
+             lambda r: made.exists() and "print" in made.read_text(), "write hello.py")
     (work / "notes.txt").write_text("Harbour notes.\nThe keeper's secret word is PELICAN.\n")
-    t0 = time.monotonic()
-    r = run([claude, "-p", "Read the file notes.txt and tell me the keeper's secret word.", "--allowedTools", "Read"],
-            work, env)
-    timed("claude", "read notes.txt and answer (session 3)", t0)
-    assert_clean(r, rec, "POST /v1/messages", "claude --allowedTools Read")
-    assert "PELICAN" in r.stdout.upper(), (r.stdout[-2000:], r.stderr[-2000:])
+    attempts("Use the Read tool to read notes.txt, then tell me the keeper's secret word.", "Read",
+             lambda r: "PELICAN" in r.stdout.upper(), "read notes.txt and answer")
 
 
 @needs(BIN / "codex")

@@ -31,7 +31,9 @@ def test_a_property_with_no_type_is_any_value():
 def test_claude_codes_first_request_as_chat_messages():
     body = json.loads(RECORDED.read_text())
     messages = chat_messages(body["system"], body["messages"])
-    assert [m["role"] for m in messages] == ["system", "user", "system"]  # its environment, after the user
+    # its environment, sent after the user's turn, goes before it: the conversation ends with the user
+    assert [m["role"] for m in messages] == ["system", "system", "user"]
+    assert messages[1]["content"].startswith("# Environment") and "Reply with just" in messages[2]["content"]
     assert "x-anthropic-billing-header" not in messages[0]["content"]  # changes at every prompt: left out
     assert messages[0]["content"].startswith("You are a Claude agent")
 

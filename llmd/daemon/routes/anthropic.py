@@ -92,8 +92,12 @@ def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str,
     for i, m in enumerate(messages):
         role = m.get("role")
         if role == "system":  # Claude Code sends one after the first user turn (its environment):
-            # kept in place, so that what comes before it (system prompt, tools) stays a stable prefix
-            out.append({"role": "system", "content": _blocks_text(m.get("content", ""), f"messages[{i}].content")})
+            # put before that user turn, so the conversation still ends with the user's words (a
+            # small model answered the system text instead) and what comes before it (system
+            # prompt, tools) stays a prefix shared by every session
+            note = {"role": "system", "content": _blocks_text(m.get("content", ""), f"messages[{i}].content")}
+            at = len(out) - 1 if out and out[-1]["role"] == "user" else len(out)
+            out.insert(at, note)
             continue
         if role not in ("user", "assistant"):
             raise BadRequest(f"messages[{i}].role is {role!r}; use user, assistant or system", f"messages[{i}].role")
