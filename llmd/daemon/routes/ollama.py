@@ -27,6 +27,7 @@ from llmd.chat.parse import ToolCall, reply_parser
 from llmd.chat.tools import offered_tools
 from llmd.config import SpeculationMode, fixed_ctx
 from llmd.daemon.routes._common import (
+    KeepAlive,
     Run,
     canonical_name,
     chat_format,
@@ -222,7 +223,10 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
     async def lines() -> AsyncIterator[bytes]:
         try:
             async for ev in run:
-                if isinstance(ev, TokenEvent):
+                if isinstance(ev, KeepAlive):  # a long prompt: a line every 10 s until the first token
+                    # (Cline gives up on a stream that has not started within 30 s)
+                    yield _ndjson({**piece(""), "done": False})
+                elif isinstance(ev, TokenEvent):
                     if parser is None:
                         yield _ndjson({**piece(ev.text), "done": False, **logprobs(ev.logprobs)})
                         continue
@@ -269,7 +273,7 @@ async def chat(request: Request) -> Response:
         _note_no_thinking(body.model)
     # a chat longer than the context loses its oldest messages, as Ollama's does (said in a header)
     req = _generation(body, messages=_messages(body), tools=normalize_tools(body.tools), drop_old_messages=True)
-    run = await start_run(request, body.model, req, "ollama")
+    run = await start_run(request, body.model, req, "ollama", stream=body.stream)
     return await _respond(run, body.stream, chat=True)
 
 
@@ -290,7 +294,7 @@ async def generate(request: Request) -> Response:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         req = _generation(body, messages=messages)
-    run = await start_run(request, body.model, req, "ollama")
+    run = await start_run(request, body.model, req, "ollama", stream=body.stream)
     return await _respond(run, body.stream, chat=False)
 
 
