@@ -64,3 +64,15 @@ def test_a_schema_the_converter_cannot_take_still_holds_the_calls_name_and_shape
     assert c is not None and c.fallback is not None
     grammar = grammar_for_tools(c)
     assert '"odd"' in grammar.replace('\\"', '"') and "no-such-type" not in grammar
+
+
+def test_a_stored_reply_keeps_every_parallel_call():
+    """A previous_response_id chain rebuilds the history from the stored reply: calls 2..N of a
+    parallel reply were lost."""
+    from llmd.daemon.routes.responses import _reply_messages
+
+    output = [{"type": "function_call", "id": f"fc_{i}", "call_id": f"call_{i}", "name": "weather",
+               "arguments": json.dumps({"city": city}), "status": "completed"}
+              for i, city in enumerate(["Paris", "Oslo", "Lima"])]
+    (msg,) = _reply_messages(output)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in msg["tool_calls"]] == ["Paris", "Oslo", "Lima"]

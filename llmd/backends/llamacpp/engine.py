@@ -72,6 +72,9 @@ from llmd.chat.tools import prepare_tools
 from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
 
 log = logging.getLogger("llmd.engine")
+# a run of at least this many tokens that a slot holds at other positions is moved rather than
+# computed again (fill-in-the-middle only: llama-server's --cache-reuse, which llama.vscode sets to 256)
+SHIFT_MIN_RUN = 64
 PREFILL_THREADS_MIN = 32  # a step with at least this many tokens runs on every thread (_threads_for)
 
 
@@ -134,6 +137,7 @@ class LlamaCppEngine:
                 f"{cfg.n_ctx}); try a smaller LLMD_CTX or fewer LLMD_SLOTS"
             )
         self.mem = L.llama_get_memory(self.ctx)
+        self._can_shift = bool(L.llama_memory_can_shift(self.mem))
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._llama_decode = Decoder(self.ctx, cfg.repack)
         self.governor = ThreadGovernor(threads, fixed=bool(cfg.threads))
@@ -404,7 +408,11 @@ class LlamaCppEngine:
             else:
                 return
             slot, reuse = self._place(active, hit)
-            slot.truncate(self._L, self.mem, reuse)
+            if active.req.fim is not None and active.req.cache_prompt and not self.exact and self._can_shift:
+                # an editor's window slid down a line: the KV of the lines it kept, moved
+                reuse = slot.reuse_shifted(self._L, self.mem, active.prompt, reuse, SHIFT_MIN_RUN)
+            else:
+                slot.truncate(self._L, self.mem, reuse)
             if not self.exact and active.req.cache_prompt:  # another slot may hold more of the prompt
                 donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable)
                 if donor is not None:
@@ -468,36 +476,52 @@ class LlamaCppEngine:
         """As Ollama does for a chat longer than its context: leave out the oldest whole messages,
         keeping every system message and the newest message, until the prompt (`full` tokens whole)
         fits with room to answer (max_tokens, at most a quarter of the context; an eighth when unset;
-        less room when that is all there is). The fewest messages are dropped (a binary search).
-        ContextOverflow when even the system messages and the newest one do not fit."""
+        less room when that is all there is). The history kept starts at a user message (a template
+        that enforces turns, Gemma's or Mistral's, refuses one that starts with a reply or a tool
+        result, and a tool result without its call answers nothing), and a template that refuses a
+        cut counts as "does not fit yet". The fewest messages are dropped (a binary search over the
+        cuts). ContextOverflow when even the system messages and the newest one do not fit."""
         room = min(max_tokens or n_ctx // 8, n_ctx // 4)
         old = [i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"]
+        # where the kept history may start: at a user message, or after all of the old ones
+        cuts = [j for j, i in enumerate(old) if j > 0 and messages[i].get("role") == "user"] + [len(old)]
 
-        def without(k: int) -> list[dict[str, Any]]:
-            gone = set(old[:k])
-            # a tool result whose call was left out would answer nothing: it goes with its call
-            for i in old[k:]:
-                if messages[i].get("role") != "tool":
-                    break
-                gone.add(i)
+        def without(j: int) -> list[dict[str, Any]]:
+            gone = set(old[:j])
             return [m for i, m in enumerate(messages) if i not in gone]
 
-        most = self._chat_prompt(without(len(old)), tools) if old else []
-        if not old or len(most) >= n_ctx:
-            raise ContextOverflow(
+        def fits(j: int) -> list[int] | None:
+            try:
+                prompt = self._chat_prompt(without(j), tools)
+            except BadRequest:  # the template refuses this cut: as if it did not fit
+                return None
+            return prompt if len(prompt) + room <= n_ctx else None
+
+        def overflow(most: int) -> ContextOverflow:
+            return ContextOverflow(
                 f"the prompt is {full} tokens but the context holds {n_ctx}, and with all {len(old)} older "
-                f"messages left out it is still {len(most) or full}: shorten the system or the newest message, "
+                f"messages left out it is still {most or full}: shorten the system or the newest message, "
                 "or raise the context (options.num_ctx, LLMD_CTX)", "messages")
-        k_best, best = len(old), most
-        lo, hi = 1, len(old)
-        while lo < hi and len(most) + room <= n_ctx:  # the fewest dropped that fits: fitting grows with k
+
+        if not old:
+            raise overflow(0)
+        lo, hi, best = 0, len(cuts) - 1, None
+        while lo <= hi:  # the first cut that fits: fitting grows with the cut
             mid = (lo + hi) // 2
-            prompt = self._chat_prompt(without(mid), tools)
-            if len(prompt) + room <= n_ctx:
-                hi, best, k_best = mid, prompt, mid
+            prompt = fits(cuts[mid])
+            if prompt is not None:
+                best, hi = (cuts[mid], prompt), mid - 1
             else:
                 lo = mid + 1
-        return len(messages) - len(without(k_best)), best
+        if best is None:
+            try:
+                most = len(self._chat_prompt(without(len(old)), tools))
+            except BadRequest:
+                most = 0
+            if most and most < n_ctx:  # fits without room for the usual reply: answer in what is left
+                return len(old), self._chat_prompt(without(len(old)), tools)
+            raise overflow(most)
+        return best[0], best[1]
 
     def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
         grammar, trigger = grammar_for(req.response_format), ""

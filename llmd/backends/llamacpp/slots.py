@@ -102,6 +102,46 @@ class Slot:
         self.exact = min(self.exact, n)
         self.saved = min(self.saved, n)
 
+    def reuse_shifted(self, L: Any, mem: Any, prompt: list[int], n: int, min_run: int) -> int:
+        """Keep the first n tokens' KV and, past them, the runs of at least `min_run` tokens that
+        continue the prompt and that this slot holds further on, their KV moved down to the
+        prompt's positions (llama.cpp re-rotates it) instead of computed again; drop the rest. An
+        editor's next request after a new line: the same window slid down a line, every token a
+        few places earlier. (Text inserted before a run, as typing before the suffix is, ends the
+        reuse there: what follows is computed again, as llama-server's --cache-reuse does.)
+        Returns how many leading prompt tokens the slot now serves."""
+        cache, runs = self.tokens, []
+        head_c = head_p = n
+        end = len(prompt) - 1  # at least one token is computed: the request needs fresh logits
+        while head_c < len(cache) and head_p < end:
+            m = 0
+            while head_c + m < len(cache) and head_p + m < end and cache[head_c + m] == prompt[head_p + m]:
+                m += 1
+            if m >= min_run:
+                runs.append((head_c, head_p, m))
+                head_c, head_p = head_c + m, head_p + m
+            else:
+                head_c += 1
+        if not runs:
+            self.truncate(L, mem, n)
+            return n
+        # everything not kept goes first; then each run moves down (first first: never onto another)
+        at = n
+        for c, _p, m in runs:
+            if c > at:
+                L.llama_memory_seq_rm(mem, self.seq, at, c)
+            at = c + m
+        L.llama_memory_seq_rm(mem, self.seq, at, -1)
+        for c, p, m in runs:  # the prompt positions of the runs follow each other from n on
+            if c != p:
+                L.llama_memory_seq_add(mem, self.seq, c, c + m, p - c)
+        served = runs[-1][1] + runs[-1][2]
+        self.tokens = list(prompt[:served])
+        self.tail.clear()
+        self.exact = min(self.exact, n)
+        self.saved = min(self.saved, n)
+        return served
+
     def forget(self, L: Any, mem: Any) -> None:
         """Drop the sequence entirely (its KV may be partly written, or is given up)."""
         L.llama_memory_seq_rm(mem, self.seq, -1, -1)

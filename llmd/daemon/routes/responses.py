@@ -299,8 +299,8 @@ def _response(rid: str, body: ResponsesBody, model: str, created: int, output: l
 def _reply_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The reply as the chat history stores it: calls under the names the model sees."""
     text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
-    calls = [m["tool_calls"][0] for m in input_messages([i for i in output
-                                                         if i["type"] in ("function_call", "custom_tool_call")])]
+    calls = [c for m in input_messages([i for i in output if i["type"] in ("function_call", "custom_tool_call")])
+             for c in m.get("tool_calls", [])]  # every call of a parallel reply, not only each message's first
     msg: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         msg["tool_calls"] = calls
