@@ -93,3 +93,20 @@ def test_num_ctx_above_the_loaded_context_loads_a_larger_one(small: Daemon):
     log = small.log.read_text()
     assert "again with a context of 4096 tokens per slot (was 1024)" in log
     assert "left out the" in log and "oldest messages" in log  # the dropping test's line: never silent
+
+
+def test_dropping_keeps_turns_a_strict_template_accepts(tmp_path):
+    """Gemma 3's template refuses a history that does not alternate user and model turns: what is
+    kept starts at a user message (a cut after an odd number of messages once left a reply first,
+    and the request became a 400 although one message more would have fitted)."""
+    d = Daemon(tmp_path / "home", env={"LLMD_CTX": "1024", "LLMD_SLOTS": "1", "LLMD_MODEL": "gemma3-270m"}).start()
+    try:
+        msgs = chat(12)
+        msgs[-2]["content"] = "Noted, and here is a longer reply about the weather. " * 8  # an odd cut would fit
+        r = httpx.post(d.url + "/api/chat", json={"model": "gemma3-270m", "messages": msgs, "stream": False,
+                                                  "options": {"num_predict": 8, "temperature": 0}}, timeout=600)
+        assert r.status_code == 200, r.text
+        dropped = int(r.headers["X-LLMD-Dropped-Messages"])
+        assert dropped >= 2 and dropped % 2 == 0, dropped  # whole user-reply pairs
+    finally:
+        d.stop()
