@@ -20,6 +20,7 @@ HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"
 class Recorder(ThreadServer):
     def __init__(self, upstream: str) -> None:
         self.calls: list[tuple[str, str, int]] = []
+        self.bodies: list[bytes] = []  # each request's body, in order
         self.upstream = upstream
         app = Starlette(routes=[Route("/{path:path}", self._relay,
                                       methods=["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])])
@@ -28,8 +29,10 @@ class Recorder(ThreadServer):
     async def _relay(self, request: Request) -> StreamingResponse:
         client = httpx.AsyncClient(base_url=self.upstream, timeout=httpx.Timeout(900.0, connect=10.0))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        body = await request.body()
+        self.bodies.append(body)
         req = client.build_request(request.method, request.url.path, params=request.query_params,
-                                   headers=headers, content=await request.body())
+                                   headers=headers, content=body)
         r = await client.send(req, stream=True)
         self.calls.append((request.method, request.url.path, r.status_code))
 

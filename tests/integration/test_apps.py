@@ -229,8 +229,12 @@ def test_anthropic_messages(http: httpx.Client):
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
     n = http.post("/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
     assert n["input_tokens"] > 1
-    bad = http.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})
-    assert bad.status_code == 400 and bad.json()["type"] == "error"
+    bad = http.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]})
+    assert bad.status_code == 400 and bad.json()["type"] == "error" and "messages[0].role" in bad.text
+    # a system entry inside messages (Claude Code sends its environment so) is served
+    ok = http.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"},
+                                                                       {"role": "system", "content": "Be brief."}]})
+    assert ok.status_code == 200, ok.text
 
 
 def test_logprobs(http: httpx.Client):

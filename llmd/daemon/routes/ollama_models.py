@@ -58,13 +58,15 @@ def _model_of(body: PullBody | DeleteBody) -> str:
 
 async def pull_model(request: Request) -> Response:
     """Download a GGUF model from the Hugging Face Hub (hf.co/USER/REPO[:QUANT]) and register it."""
-    authorize(request, request.app.state.token)
     body = await parse_body(request, PullBody)
     name = _model_of(body)
     registry = request.app.state.registry
+    if not is_hub_ref(name) and registry.has(canonical_name(registry, name)):
+        # registered already: nothing changes, so no token is asked for (Codex's --oss pulls the
+        # model it runs at every start, which a daemon running as root would otherwise refuse)
+        return _already(body.stream)
+    authorize(request, request.app.state.token)
     if not is_hub_ref(name):
-        if registry.has(canonical_name(registry, name)):
-            return _already(body.stream)
         raise BadRequest(f"llmd pulls GGUF models from the Hugging Face Hub; {name!r} is not registered and not a "
                          "Hub reference: pull hf.co/USER/REPO[:QUANT] (e.g. hf.co/bartowski/Qwen2.5-0.5B-Instruct-GGUF"
                          ":Q4_K_M)", "model")
