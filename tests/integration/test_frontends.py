@@ -94,6 +94,7 @@ def timed(app: str, step: str, t0: float) -> None:
 
 
 @needs(BIN / "claude")
+@pytest.mark.timeout(2400)  # its cold ~12k-token prefill is 5-6 min here, then up to ten warm runs
 def test_claude_code_answers_writes_a_file_and_reads_one(rec: Recorder, tmp_path: Path):
     """Claude Code unchanged on the 1.5B: a plain answer, a file written through its Write tool, and
     a file read through its Read tool and answered from (the tool result fed back). Its first
@@ -141,18 +142,16 @@ def test_claude_code_answers_writes_a_file_and_reads_one(rec: Recorder, tmp_path
 
 
 @needs(BIN / "codex")
+@pytest.mark.timeout(2400)  # Codex's cold 8.6k-token prefill is about four minutes here, then warm tries
 def test_codex_exec_oss_and_as_a_configured_provider(rec: Recorder, tmp_path: Path):
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     base = [str(BIN / "codex"), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
     # --oss: Codex's Ollama mode (it reads /api/version and needs 0.13.4 or newer, then /v1/responses)
-    t0 = time.monotonic()
-    r = run([*base, "--oss", "--local-provider", "ollama", "-m", QWEN, TASK], work,
-            {"CODEX_HOME": str(home), "CODEX_OSS_BASE_URL": rec.url + "/v1"})
-    timed("codex", "--oss (cold)", t0)
-    assert_clean(r, rec, "POST /v1/responses", "codex --oss")
-    assert_hello(work, r)
+    oss = {"CODEX_HOME": str(home), "CODEX_OSS_BASE_URL": rec.url + "/v1"}
+    codex_task(lambda: run([*base, "--oss", "--local-provider", "ollama", "-m", QWEN, TASK], work, oss),
+               rec, work, "codex --oss")
     (work / "hello.txt").unlink()
     # a provider in config.toml, as Codex's docs show for any Responses-API server; its tools
     # (function, namespace, custom and the hosted web_search) all reach llmd
@@ -160,11 +159,22 @@ def test_codex_exec_oss_and_as_a_configured_provider(rec: Recorder, tmp_path: Pa
         f'model = "{QWEN}"\nmodel_provider = "llmd"\n\n[model_providers.llmd]\nname = "llmd"\n'
         f'base_url = "{rec.url}/v1"\nwire_api = "responses"\n')
     n = len(rec.calls)
-    t0 = time.monotonic()
-    r = run(base + [TASK], work, {"CODEX_HOME": str(home)})
-    timed("codex", "configured provider (session 2)", t0)
-    assert_clean(r, rec, "POST /v1/responses", "codex (both runs)")
+    codex_task(lambda: run(base + [TASK], work, {"CODEX_HOME": str(home)}), rec, work, "codex (configured provider)")
     assert len(rec.calls) > n
+
+
+def codex_task(go: Callable[[], subprocess.CompletedProcess], rec: Recorder, work: Path, app: str) -> None:
+    """The task until hello.txt holds "hi": every run must be clean; whether the 1.5B writes the file
+    is its judgement (Codex samples), so it gets three tries (the first prefills Codex's 8.6k-token
+    prompt cold, the others find it cached)."""
+    for i in range(3):
+        t0 = time.monotonic()
+        r = go()
+        timed("codex", f"{app} (try {i + 1})", t0)
+        assert_clean(r, rec, "POST /v1/responses", app)
+        made = work / "hello.txt"
+        if made.exists() and "hi" in made.read_text().lower():
+            return
     assert_hello(work, r)
 
 
