@@ -53,12 +53,6 @@ def spellings_in_vocab(tokens: Sequence[str] | None) -> dict[str, str]:
     return {k: v for k, v in found.items() if v}
 
 
-def missing_in_vocab(tokens: Sequence[str] | None) -> list[str]:
-    """The FIM tokens a vocabulary lacks; all of them when it is unknown."""
-    found = spellings_in_vocab(tokens)
-    return [NAMES[k] for k in REQUIRED if k not in found]
-
-
 def fim_tokens(fim: FimPrompt, toks: FimTokens, text: Callable[[str], list[int]], bos: Sequence[int] = (),
                filename: str = "") -> list[int]:
     """The prompt's tokens. `text` tokenizes text with no special tokens; `bos` starts it when the

@@ -1,7 +1,7 @@
 """The FIM prompt builder, where a completion ends, and the last-proposal store."""
 
 from llmd.backends.base import FimPrompt, GenerationRequest, Sampling
-from llmd.chat.fim import Cut, FimTokens, cursor_indent, fim_tokens, missing_in_vocab, ollama_template
+from llmd.chat.fim import Cut, FimTokens, cursor_indent, fim_tokens, ollama_template, spellings_in_vocab
 from llmd.daemon.suggestions import Suggestions
 
 QWEN = FimTokens(pre=1, suf=2, mid=3, rep=4, sep=5)
@@ -33,9 +33,9 @@ def test_without_a_file_separator_chunks_are_headed_as_text():
 
 def test_missing_tokens_are_named():
     assert FimTokens(-1, 2, -1).missing == ["FIM prefix", "FIM middle"]
-    assert missing_in_vocab(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]) == []
-    assert missing_in_vocab(["<PRE>", "<SUF>"]) == ["FIM middle"]
-    assert missing_in_vocab(None) == ["FIM prefix", "FIM suffix", "FIM middle"]
+    assert len(spellings_in_vocab(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "x"])) == 3
+    assert spellings_in_vocab(["<PRE>", "<SUF>"]) == {"pre": "<PRE>", "suf": "<SUF>"}  # no middle: not FIM
+    assert spellings_in_vocab(None) == {}
     t = ollama_template({"pre": "<PRE>", "suf": "<SUF>", "mid": "<MID>"}, "{{ chat }}")
     assert "{{ .Suffix }}" in t and t.endswith("{{ chat }}{{- end }}")
 
