@@ -3,19 +3,21 @@
 With --model PATH [--draft PATH] (e.g. Qwen2.5-Coder-1.5B and its 0.5B sibling, from
 scripts/fetch_models.py) the peers are llama-server plain, llama-server with the draft model
 (--spec-type draft-simple --model-draft) and llama-server with n-gram speculation (ngram-simple),
-against llmd with its defaults (the draft registered beside the model, so llmd pairs it by
-itself); the table adds a code-edit row (most of the answer repeats the prompt) and gives llmd
-against the plain server and against the best peer on each row.
+against llmd with its defaults, as users run it (automatic context and threads, the draft
+registered beside the model, so llmd pairs it by itself; the header says what it chose), and with
+--ctx4096 also llmd with LLMD_CTX=4096 as a second, labelled column; the table adds a code-edit row
+(most of the answer repeats the prompt) and gives llmd against the plain server and against the
+best peer on each row.
 
 Builds or finds llama-server with ../shared/tools/build-llama-server.sh (same llama.cpp as
-llama-cpp-python), starts each system alone on a free port with the same model, threads, slots
-and context (-np 4 -c 16384 -t 2 vs LLMD_SLOTS=4 LLMD_CTX=4096 LLMD_THREADS=2), runs every path a
+llama-cpp-python), starts each system alone on a free port with the same model (on the packaged SmolLM2: the same
+threads, slots and context, -np 4 -c 16384 -t 2 vs LLMD_SLOTS=4 LLMD_CTX=4096 LLMD_THREADS=2), runs every path a
 few rounds (waiting for llmd's idle work between requests, so it never slows what is measured),
 and prints medians with the ratio llmd / llama-server. Tokens are counted from each server's
 `usage`. On a CPU with AMX, llama-server runs with --no-repack (it segfaults otherwise).
 
     python benchmarks/vs_llama_server.py [--rounds 3]
-    python benchmarks/vs_llama_server.py --model QWEN_1.5B.gguf --draft QWEN_0.5B.gguf --rounds 2
+    python benchmarks/vs_llama_server.py --model QWEN_1.5B.gguf --draft QWEN_0.5B.gguf [--ctx4096]
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ QUESTIONS = ["What is a lighthouse for?", "Why is the sea salty?", "How do tides
 
 
 def short_chat(p: Peer, r: int, tag: int) -> dict[str, float]:
+    """Round 0 is left out of the median (run_paths adds a round): a system's first short chat
+    after a load can be cold in ways that say nothing of the path (its system prompt not cached)."""
     p.idle()
     return {"short chat TTFT (s)": p.ttft([SYS, {"role": "user", "content": f"{QUESTIONS[r % 6]} ({tag}{r})"}])}
 
@@ -193,10 +197,12 @@ def run_paths(peers: list[Peer], rounds: int, paths: list[Callable] = PATHS) -> 
     for p in peers:  # first contact: loads, warm-ups
         p.ttft([SYS, {"role": "user", "content": "Hello"}])
     for path in paths:
-        for r in range(rounds):
+        skip = 1 if path is short_chat else 0
+        for r in range(rounds + skip):
             for tag, p in enumerate(peers, 1):
                 for k, v in path(p, r, tag).items():
-                    got[p.name].setdefault(k, []).append(v)
+                    if r >= skip:
+                        got[p.name].setdefault(k, []).append(v)
         print(path.__name__, {n: {k: round(med(v), 3) for k, v in rows.items()} for n, rows in got.items()},
               file=sys.stderr, flush=True)
     return {n: {k: med(v) for k, v in rows.items()} for n, rows in got.items()}
@@ -238,8 +244,9 @@ def warm_row(url: str, rounds: int, model: str = "smollm2-135m") -> tuple[float,
 
 
 def restart_row(models: dict[str, str] | None = None) -> tuple[float, float]:
-    """(cold TTFT, TTFT after a restart from the disk prefix cache) on a ~2,000-token prompt."""
-    env = {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
+    """(cold TTFT, TTFT after a restart from the disk prefix cache) on a ~2,000-token prompt; on a
+    real model with llmd's defaults."""
+    env = {} if models else {"LLMD_SLOTS": "4", "LLMD_CTX": "4096", "LLMD_THREADS": THREADS}
     model = next(iter(models)) if models else "smollm2-135m"
     proc, url, home = start_llmd_with(models, env) if models else start_llmd(env)
     p = Peer("llmd", url, lambda: wait_idle(url), model)
@@ -256,24 +263,36 @@ def restart_row(models: dict[str, str] | None = None) -> tuple[float, float]:
 
 
 def real_model(args: argparse.Namespace) -> None:
-    """The whole table on a real model: llmd's defaults against three llama-server setups."""
+    """The whole table on a real model: llmd with its defaults (the context and threads it chooses
+    itself, as users run it) against three llama-server setups; with --ctx4096 also llmd with
+    LLMD_CTX=4096, labelled, to tell what the automatic context costs."""
     name = Path(args.model).stem.lower()
     models = {name: args.model, **({Path(args.draft).stem.lower(): args.draft} if args.draft else {})}
     setups: list[tuple[str, tuple[str, ...]]] = [("server", ())]
     if args.draft:
         setups.append(("server+draft", ("--spec-type", "draft-simple", "--model-draft", args.draft)))
     setups.append(("server+ngram", ("--spec-type", "ngram-simple")))
+    variants = [("llmd", {})] + ([("llmd ctx4096", {"LLMD_CTX": "4096"})] if args.ctx4096 else [])
     procs: list[subprocess.Popen] = []
     try:
-        lp, lurl, _ = start_llmd_with(models, {"LLMD_SLOTS": "4", "LLMD_CTX": "4096"})
-        procs.append(lp)
+        llmds = []
+        for label, env in variants:
+            lp, lurl, _ = start_llmd_with(models, env)
+            procs.append(lp)
+            llmds.append((label, lurl))
+
+        def all_idle() -> None:  # whoever is measured, no llmd may be busy with idle work meanwhile
+            for _, u in llmds:
+                wait_idle(u)
+
         peers = []
         for label, extra in setups:
             sp, surl, _ = llama_server(args.model, extra)
             procs.append(sp)  # type: ignore[arg-type]
-            peers.append(Peer(label, surl, lambda: wait_idle(lurl), name))
-        peers.append(Peer("llmd", lurl, lambda: wait_idle(lurl), name))
+            peers.append(Peer(label, surl, all_idle, name))
+        peers += [Peer(label, u, all_idle, name) for label, u in llmds]
         results = run_paths(peers, args.rounds)
+        lurl = llmds[0][1]
         status = httpx.get(lurl + "/llmd/status", timeout=30).json()
         warm_cold, warm_warm = warm_row(lurl, args.rounds, name)
     finally:
@@ -282,18 +301,22 @@ def real_model(args: argparse.Namespace) -> None:
     restart = [restart_row(models) for _ in range(args.rounds)]
     m = next(m for m in status["loaded"] if m["name"] == name)
     cpu = cpu_name()
-    print(f"# llmd vs llama-server: {name}, {cpu}, {os.cpu_count()} CPUs, -np 4 -c 16384 -t {THREADS} vs "
-          f"LLMD_SLOTS=4 LLMD_CTX=4096 (threads auto), medians of {args.rounds} rounds, the systems taking turns")
+    print(f"# llmd vs llama-server: {name}, {cpu}, {os.cpu_count()} CPUs, llama-server -np 4 -c 16384 -t {THREADS}; "
+          f"medians of {args.rounds} rounds (the first, cold, round of short chat left out), the systems taking turns")
+    print(f"# llmd with its defaults: {m.get('n_slots', '?')} slots x {m.get('n_ctx', '?')} tokens "
+          f"({m.get('ctx_reason', '')}), threads auto (up to {m.get('threads', '?')})")
     print(f"# llmd: draft {m.get('draft')} ({m.get('draft_reason')}); speculation measured live: "
           f"{(m.get('stats') or {}).get('speculation', {}).get('speedup')}")
     labels = [p.name for p in peers]
+    n_server = len(setups)
     print(f"{'path':<46}" + "".join(f"{x:>13}" for x in labels) + f"{'llmd/server':>12}{'llmd/best':>10}")
     for row in results["server"]:
         values = [results[x][row] for x in labels]
         higher = "tok/s" in row
-        best = max(values[:-1]) if higher else min(values[:-1])
+        best = max(values[:n_server]) if higher else min(values[:n_server])
+        mine = values[n_server]
         print(f"{row:<46}" + "".join(f"{v:>13.3f}" for v in values)
-              + f"{values[-1] / values[0]:>12.2f}{values[-1] / best:>10.2f}")
+              + f"{mine / values[0]:>12.2f}{mine / best:>10.2f}")
     cold_s, warm_s = med([c for c, _ in restart]), med([w for _, w in restart])
     print(f"\nllmd, POST /llmd/warm while the user types (~1,950-token prompt): cold {warm_cold:.2f} s, "
           f"after warming {warm_warm:.3f} s, {warm_warm / warm_cold:.1%} of cold")
@@ -306,6 +329,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default="", help="a GGUF to run the table on (default: the packaged SmolLM2)")
     ap.add_argument("--draft", default="", help="its draft model: llmd pairs it, llama-server gets --model-draft")
+    ap.add_argument("--ctx4096", action="store_true", help="with --model: also llmd with LLMD_CTX=4096, labelled")
     args = ap.parse_args()
     if args.model:
         return real_model(args)
