@@ -35,6 +35,7 @@ from llmd.backends.base import (
 from llmd.errors import EngineCrashed, EngineError, LlmdError, from_wire
 
 log = logging.getLogger("llmd.worker")
+_GONE = object()  # put in a handle's outbox once its worker has exited: the writer thread ends
 
 
 def engine_class(backend: str) -> Any:
@@ -265,13 +266,24 @@ class WorkerHandle:
             self.process.join(1.0)
 
     def _write(self) -> None:
-        """The writer thread: everything for the worker goes down the pipe from here, in order."""
+        """The writer thread: everything for the worker goes down the pipe from here, in order. It
+        ends when the worker has been told to shut down, or has exited (the reader's _GONE)."""
         while True:
             msg = self._outbox.get()
+            if msg is _GONE:
+                return
             try:
                 self._conn.send(msg)
             except (OSError, ValueError):  # the worker is gone: the reader thread reports its exit
                 return
+            except Exception as e:  # a message that cannot be sent (not picklable): fail it, send on
+                log.exception("could not send %s to the worker for %s", type(msg).__name__, self.label)
+                rid = getattr(msg, "id", None)
+                if isinstance(rid, str):
+                    err = EngineError(f"llmd could not hand the request to the engine worker ({type(e).__name__}: {e})")
+                    failed: list[Event] = [ErrorEvent(rid, err.to_wire())]
+                    self.loop.call_soon_threadsafe(self._dispatch, failed)
+                continue
             if isinstance(msg, Shutdown):
                 return
 
@@ -292,6 +304,10 @@ class WorkerHandle:
                     self.loop.call_soon_threadsafe(self._answered, ClearCaches, msg.info)
         except (EOFError, OSError):
             pass
+        # the writer waits on its outbox: end it, then close the pipe (neither outlives the worker)
+        self._outbox.put(_GONE)
+        self._writer.join(5.0)
+        self._conn.close()
         self.process.join(5.0)
         code = self.process.exitcode
         try:

@@ -67,9 +67,10 @@ def cacheable(req: GenerationRequest) -> bool:
 def cache_key(req: GenerationRequest, model: dict[str, Any], engine: str, served: dict[str, Any] | None = None
               ) -> str:
     """Every field that can change the reply, and nothing that cannot (the request id, cache_prompt).
-    `served`: how the daemon serves it (the batching policy, GPU layers, the llama.cpp build, and
-    the loaded context when max_tokens is unset, which then bounds the reply): after a switch to
-    the exact policy or a new llama.cpp, replies of the old are never replayed."""
+    `served`: how the daemon serves it (the batching policy, the llama.cpp build, the loaded
+    context, weight repacking and GPU split; routes/_common._served): after a switch to the exact
+    policy, a new llama.cpp or a context in which other messages are dropped, replies of the old
+    are never replayed."""
     what = {
         "v": 1,
         **({"served": served} if served else {}),

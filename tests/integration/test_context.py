@@ -55,6 +55,10 @@ def test_ollama_chat_drops_the_oldest_messages_and_says_so(small: Daemon):
         # the fewest whole messages: the prompt fits with room to answer, and one message more would
         # have fitted only if it were shorter than a turn
         assert 1024 - 128 - 2 * 90 < body["prompt_eval_count"] <= 1024 - 8, body
+        again = http.post("/api/chat", json={"model": "smollm2-135m", "messages": msgs, "stream": False,
+                                             "options": {"num_predict": 8, "temperature": 0}})
+        # the response cache's replay says what the computed reply said
+        assert again.headers["X-LLMD-Cache"] == "hit" and again.headers["X-LLMD-Dropped-Messages"] == str(dropped)
 
         lines = []
         with http.stream("POST", "/api/chat", json={"model": "smollm2-135m", "messages": msgs,
@@ -90,6 +94,12 @@ def test_num_ctx_above_the_loaded_context_loads_a_larger_one(small: Daemon):
         r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": long, "stream": False,
                                          "options": {"num_ctx": 3500, "num_predict": 4}})
         assert r.status_code == 200 and http.get("/llmd/status").json()["loaded"][0]["pid"] == pid  # no reload
+        # the chat that lost its oldest messages in 1,024 tokens fits 4,096 whole: the reply cached
+        # from the smaller context is not replayed (the loaded context is in the cache's key)
+        r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": chat(12), "stream": False,
+                                         "options": {"num_predict": 8, "temperature": 0}})
+        assert r.status_code == 200 and r.headers["X-LLMD-Cache"] == "miss", r.headers
+        assert "X-LLMD-Dropped-Messages" not in r.headers and r.json()["prompt_eval_count"] > 1024
     log = small.log.read_text()
     assert "again with a context of 4096 tokens per slot (was 1024)" in log
     assert "left out the" in log and "oldest messages" in log  # the dropping test's line: never silent

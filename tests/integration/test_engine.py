@@ -197,3 +197,26 @@ def test_killed_worker_non_streaming_gives_500_then_recovers(daemon, http: httpx
     r = http.post("/api/generate", json={"model": "smollm2-135m", "prompt": "Hi", "stream": False,
                                          "options": {"num_predict": 3}})
     assert r.status_code == 200 and r.json()["done"]
+
+
+
+def test_a_worker_that_dies_leaves_no_thread_or_pipe_behind():
+    """Each worker handle has a reader and a writer thread and a pipe; when the worker dies, both
+    threads end and the pipe is closed (the writer used to wait on its queue for good and the pipe
+    stayed open: one thread and one descriptor more per crash, for the daemon's lifetime)."""
+    import asyncio
+
+    from llmd.backends.worker import WorkerHandle
+
+    async def main() -> WorkerHandle:
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        h = WorkerHandle("llama.cpp", None, loop, on_exit=lambda w: gone.done() or gone.set_result(w))
+        await asyncio.sleep(0.5)
+        os.kill(h.pid, signal.SIGKILL)
+        await asyncio.wait_for(gone, 30)
+        return h
+
+    h = asyncio.run(main())
+    h._writer.join(5)
+    assert not h._writer.is_alive() and not h._reader.is_alive() and h._conn.closed

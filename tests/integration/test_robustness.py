@@ -295,6 +295,32 @@ def test_a_step_that_raises_fails_its_request_and_the_worker_serves_on(tmp_path:
         d.stop()
 
 
+def test_a_placement_that_fails_answers_its_own_request_and_no_other(tmp_path: Path):
+    """LLMD_TEST_CRASH=place: placing a long prompt in a slot raises. That request is answered
+    with the reason (it used to be left unanswered while the streams already running were failed
+    in its place), a stream running beside it finishes, and the worker serves on."""
+    d = Daemon(tmp_path / "home", env={"LLMD_TEST_CRASH": "place"}).start()
+    try:
+        with d.client() as c, cf.ThreadPoolExecutor(1) as pool:
+            pid = c.get("/llmd/status").json()["loaded"][0]["pid"]
+            story = pool.submit(c.post, "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "Tell a long story about a lighthouse."}],
+                "max_tokens": 300, "temperature": 0}, headers={"Cache-Control": "no-store"})
+            time.sleep(0.5)
+            r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "word " * 150}],
+                                                     "max_tokens": 4}, timeout=60)
+            assert r.status_code == 500 and "failed to place the request" in r.json()["error"]["message"], r.text
+            done = story.result(timeout=120)
+            assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] > 0, done.text
+            again = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "word " * 150}],
+                                                         "max_tokens": 4}, timeout=60)
+            assert again.status_code == 500  # answered again, not left waiting
+            assert c.get("/llmd/status").json()["loaded"][0]["pid"] == pid
+        assert "placing request" in d.log.read_text()
+    finally:
+        d.stop()
+
+
 def test_a_load_that_never_returns_times_out_and_one_model_cannot_take_every_admission(tmp_path: Path):
     """LLMD_TEST_CRASH=hang-load: the model's load never returns. Requests beyond the per-model bound
     get 503 at once; those waiting get 503 with the reason when LLMD_LOAD_TIMEOUT_S passes, status

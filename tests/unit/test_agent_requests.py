@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from llmd.backends.base import Sampling
 from llmd.chat.schema import ANY_VALUE, loosen
-from llmd.daemon.routes.anthropic import chat_messages
+from llmd.daemon.routes.anthropic import MessagesBody, _sampling, chat_messages
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "claude-code-2.1.332-first-request.json"
 
@@ -40,7 +41,7 @@ def test_claude_codes_first_request_as_chat_messages():
 
 def test_every_tool_schema_of_claude_code_becomes_a_grammar():
     pytest.importorskip("llama_cpp")
-    from llmd.backends.llamacpp.sampler import grammar_for_tools
+    from llmd.backends.llamacpp.grammar import grammar_for_tools
     from llmd.chat.formats import ChatFormat
     from llmd.chat.tools import constraint
     from llmd.daemon.routes.anthropic import _tools
@@ -53,7 +54,7 @@ def test_every_tool_schema_of_claude_code_becomes_a_grammar():
 
 def test_a_schema_the_converter_cannot_take_still_holds_the_calls_name_and_shape():
     pytest.importorskip("llama_cpp")
-    from llmd.backends.llamacpp.sampler import grammar_for_tools
+    from llmd.backends.llamacpp.grammar import grammar_for_tools
     from llmd.chat.formats import ChatFormat
     from llmd.chat.tools import constraint
 
@@ -76,3 +77,12 @@ def test_a_stored_reply_keeps_every_parallel_call():
               for i, city in enumerate(["Paris", "Oslo", "Lima"])]
     (msg,) = _reply_messages(output)
     assert [json.loads(c["function"]["arguments"])["city"] for c in msg["tool_calls"]] == ["Paris", "Oslo", "Lima"]
+
+
+def test_sampling_claude_code_leaves_out_is_filled_in_as_llama_server_does():
+    """Claude Code's request has no sampling field: the API's temperature with llama-server's tail
+    cut, not the 1.5B's whole distribution (which wrote prose about a tool instead of calling it)."""
+    body = MessagesBody(**json.loads(RECORDED.read_text()))
+    assert _sampling(body) == Sampling(temperature=1.0, top_p=0.95, top_k=40, min_p=0.05)
+    sent = MessagesBody(max_tokens=8, messages=[{"role": "user", "content": "hi"}], temperature=0.2, top_k=5, top_p=0.5)
+    assert _sampling(sent) == Sampling(temperature=0.2, top_p=0.5, top_k=5, min_p=0.05)

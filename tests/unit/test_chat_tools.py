@@ -102,7 +102,7 @@ def test_constraints_per_format_and_choice():
 
 
 def test_tool_grammar_builds_and_bounds_apply():
-    from llmd.backends.llamacpp.sampler import grammar_for_tools
+    from llmd.backends.llamacpp.grammar import grammar_for_tools
     from llmd.chat.tools import ToolConstraint
     from llmd.errors import GrammarError
 

@@ -67,3 +67,22 @@ def test_what_a_slot_would_lose_and_what_a_copy_serves():
     # the slot that holds it would keep (26 served, 25 lost)
     assert 22 < copier.served(0, 26) < 24
     assert copier.served(25, 26) == 25  # one token is not worth a copy
+
+
+def test_a_queued_copy_holds_its_source_and_its_target_is_no_source_until_the_next_decode():
+    """llama.cpp applies a copy between streams at the next decode, while a prefix restore or a
+    truncation writes at once: the source must stay as it is until then (else the copying request
+    gets the restored KV, silently), and the target holds the tokens, not their KV, until then."""
+    L = FakeLlama()
+    shared = list(range(100))
+    src, dst, other = Slot(0, tokens=shared), Slot(1), Slot(2)
+    copier = PrefixCopier(4096 * 28672, 0.006)
+    assert not copier.held(src, 5)
+    copier.copy(L, None, src, dst, 100, decodes=5)
+    assert copier.held(src, 5) and not copier.held(dst, 5) and not copier.held(other, 5)
+    # the target is not a source yet: the next request copies from the slot that has the KV
+    assert copier.source([src, dst, other], other, shared + [1], 0, reusable, decodes=5) == (src, 100)
+    assert copier.source([dst, other], other, shared + [1], 0, reusable, decodes=5) is None
+    # a decode ran: the copy is applied, nothing is held
+    assert not copier.held(src, 6)
+    assert copier.source([dst, other], other, shared + [1], 0, reusable, decodes=6) == (dst, 100)

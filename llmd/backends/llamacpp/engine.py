@@ -57,14 +57,16 @@ from llmd.backends.llamacpp.context import (
 )
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
+from llmd.backends.llamacpp.grammar import grammar_for, grammar_for_tools
 from llmd.backends.llamacpp.kv_copy import PrefixCopier, lost
 from llmd.backends.llamacpp.prefix_cache import Hit, PrefixCache
-from llmd.backends.llamacpp.sampler import SamplerChain, grammar_for, grammar_for_tools, token_logprobs
+from llmd.backends.llamacpp.sampler import SamplerChain, token_logprobs
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
 from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
+from llmd.backends.repack import CRASH_ENV
 from llmd.chat.fim import Cut, FimTokens, fim_tokens
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
@@ -76,6 +78,7 @@ log = logging.getLogger("llmd.engine")
 # computed again (fill-in-the-middle only: llama-server's --cache-reuse, which llama.vscode sets to 256)
 SHIFT_MIN_RUN = 64
 PREFILL_THREADS_MIN = 32  # a step with at least this many tokens runs on every thread (_threads_for)
+STEP_BACKOFF_MAX_S = 2.0  # the longest pause after engine steps that failed in a row (step)
 
 
 def _key(path: str) -> bytes:
@@ -161,6 +164,8 @@ class LlamaCppEngine:
         self.grid = ChunkGrid(cfg.chunk, self._is_eog)
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self.reading: list[tuple[Active, Future[Hit | None]]] = []  # prepared, their prefix being read from disk
+        self._failed_steps = 0  # engine steps that failed in a row (step's backoff)
+        self._place_raises = os.environ.get(CRASH_ENV) == "place"  # test switch: a placement that fails
         self._step_times: deque[float] = deque(maxlen=256)
         self.requests_done = 0
         self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
@@ -313,21 +318,28 @@ class LlamaCppEngine:
     def step(self) -> list[Event]:
         """One step of the loop. An unexpected failure in it (a bug, a llama.cpp error) fails the
         requests in the slots, whose KV may be half written, and the engine goes on serving the
-        queued and the next ones: a worker that died would take every stream with it."""
+        queued and the next ones: a worker that died would take every stream with it. Events
+        the step had made before the failure still go out; failures in a row back off (up to
+        STEP_BACKOFF_MAX_S), so a fault that repeats neither spins a core nor floods the log."""
+        events: list[Event] = []
         try:
-            return self._step()
+            self._step(events)
+            self._failed_steps = 0
+            return events
         except Exception as e:
             held = [s for s in self.slots if s.active is not None]
-            log.exception("an engine step failed; failing the %d requests it held and serving on", len(held))
-            events: list[Event] = []
+            self._failed_steps += 1
+            if self._failed_steps <= 3 or self._failed_steps % 100 == 0:
+                log.exception("an engine step failed (%d in a row); failing the %d requests it held and serving on",
+                              self._failed_steps, len(held))
             for slot in held:
                 self._fail(slot, events, f"the engine failed during this request ({type(e).__name__}: {e}); "
                                          "the model goes on serving: retry the request")
+            time.sleep(min(STEP_BACKOFF_MAX_S, 0.01 * 2 ** min(self._failed_steps, 10)))
             return events
 
-    def _step(self) -> list[Event]:
+    def _step(self, events: list[Event]) -> list[Event]:
         t0 = time.perf_counter()
-        events: list[Event] = []
         self._choose_threads()
         self._release_cancelled(events)
         self._admit(events)
@@ -383,7 +395,7 @@ class LlamaCppEngine:
         """Fill free slots: first requests whose prefix has been read from disk, then waiting ones.
         A waiting request whose prefix is on disk waits for the read off the step thread, in
         `reading`, while the other slots go on."""
-        while any(s.active is None for s in self.slots):
+        while self._free():  # a slot a queued KV copy reads from waits for the next step
             done = next((r for r in self.reading if r[1].done()), None)
             if done is not None:
                 self.reading.remove(done)
@@ -407,26 +419,46 @@ class LlamaCppEngine:
                 hit = found
             else:
                 return
-            slot, reuse = self._place(active, hit)
-            if active.req.fim is not None and active.req.cache_prompt and not self.exact and self._can_shift:
-                # an editor's window slid down a line: the KV of the lines it kept, moved
-                reuse = slot.reuse_shifted(self._L, self.mem, active.prompt, reuse, SHIFT_MIN_RUN)
-            else:
-                slot.truncate(self._L, self.mem, reuse)
-            if not self.exact and active.req.cache_prompt:  # another slot may hold more of the prompt
-                donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable)
-                if donor is not None:
-                    self.copier.copy(self._L, self.mem, donor[0], slot, donor[1])
-                    reuse = donor[1]
+            slot = None
+            try:
+                slot, reuse = self._place(active, hit)
+                if active.req.fim is not None and active.req.cache_prompt and not self.exact and self._can_shift:
+                    # an editor's window slid down a line: the KV of the lines it kept, moved
+                    reuse = slot.reuse_shifted(self._L, self.mem, active.prompt, reuse, SHIFT_MIN_RUN)
+                else:
+                    slot.truncate(self._L, self.mem, reuse)
+                if not self.exact and active.req.cache_prompt:  # another slot may hold more of the prompt
+                    donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable,
+                                               self._llama_decode.calls)
+                    if donor is not None:
+                        self.copier.copy(self._L, self.mem, donor[0], slot, donor[1], self._llama_decode.calls)
+                        reuse = donor[1]
+            except Exception as e:  # this request's placement failed: it is answered, no other is
+                log.exception("placing request %s in a slot failed", active.req.id)
+                if slot is not None:
+                    slot.active = active
+                    self._fail(slot, events, f"the engine failed to place the request ({type(e).__name__}: {e}); "
+                                             "the model goes on serving: retry the request")
+                else:
+                    active.sampler.close()
+                    events.append(ErrorEvent(active.req.id, EngineError(
+                        f"the engine failed to place the request ({type(e).__name__}: {e}); retry the request").to_wire()))
+                continue
             active.cached = active.pos = reuse
             active.t_admitted = time.perf_counter()
             slot.active = active
+
+    def _free(self) -> list[Slot]:
+        """Slots a request may be placed in now: idle ones, less those a queued KV copy reads from
+        (llama.cpp copies at the next decode, so a restore or truncation there before it would be
+        what the copying request gets)."""
+        return [s for s in self.slots if s.active is None and not self.copier.held(s, self._llama_decode.calls)]
 
     def _lookup(self, active: Active) -> Hit | Future[Hit | None] | None:
         """The prefix cache's entry for the prompt, when it would serve more than a free slot does."""
         if self.prefix is None or not active.req.cache_prompt:
             return None
-        live = max(self._reusable(s, active.prompt) for s in self.slots if s.active is None)
+        live = max((self._reusable(s, active.prompt) for s in self._free()), default=0)
         with self.profiler.span("prefix_lookup"):
             return self.prefix.lookup(active.prompt, live)
 
@@ -438,7 +470,9 @@ class LlamaCppEngine:
         system prompt goes to an emptier slot instead of overwriting it (measured: a chat with its
         own system prompt matched 5 tokens of the slot holding Qwen's default one and overwrote
         it, so four clients that came next, which share that default, all computed it again)."""
-        free = [s for s in self.slots if s.active is None]
+        if self._place_raises and len(active.prompt) > 100:
+            raise RuntimeError("test switch: a placement that fails")
+        free = self._free()
         if not active.req.cache_prompt:
             return min(free, key=lambda s: (lost(s, 0), s.last_used)), 0
         prompt = active.prompt

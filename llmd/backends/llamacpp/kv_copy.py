@@ -36,6 +36,12 @@ class PrefixCopier:
         self.prefill_token_s = prefill_token_s  # seconds per prefilled token; kept up to date by observe
         self.copies = 0
         self.tokens = 0  # prompt tokens served by copies instead of prefill
+        # copies llama.cpp has queued and not applied yet (it applies them at the next decode): their
+        # sources must not change before then (a restore or a truncation would be what gets copied),
+        # and their targets do not hold the copied KV yet, so they cannot be copied from
+        self._sources: set[int] = set()
+        self._targets: set[int] = set()
+        self._queued_at = -1  # the decoder's call count when they were queued
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """A step that prefilled `tokens` and decoded nothing else took `seconds`."""
@@ -52,19 +58,37 @@ class PrefixCopier:
             return best - self.copy_s / self.prefill_token_s
         return reuse
 
+    def _queued(self, decodes: int) -> None:
+        if decodes != self._queued_at:  # a decode ran since: every queued copy is applied
+            self._sources.clear()
+            self._targets.clear()
+            self._queued_at = decodes
+
+    def held(self, slot: Slot, decodes: int) -> bool:
+        """Whether `slot` is the source of a copy not applied yet: nothing may be written to it (a
+        prefix restore, a truncation, a shift) until the next decode has copied it."""
+        self._queued(decodes)
+        return slot.seq in self._sources
+
     def source(self, slots: Sequence[Slot], target: Slot, prompt: list[int], reuse: int,
-               reusable: Callable[[Slot, list[int]], int]) -> tuple[Slot, int] | None:
+               reusable: Callable[[Slot, list[int]], int], decodes: int = -1) -> tuple[Slot, int] | None:
         """The slot whose KV serves most of `prompt`, and how much, when copying it into `target`
-        (which serves `reuse` tokens itself) pays; None when it does not."""
-        best = max(((s, reusable(s, prompt)) for s in slots if s is not target), key=lambda x: x[1],
-                   default=None)
+        (which serves `reuse` tokens itself) pays; None when it does not. A slot whose own copy is
+        still queued holds the tokens it will have, not their KV yet: never a source."""
+        self._queued(decodes)
+        best = max(((s, reusable(s, prompt)) for s in slots if s is not target and s.seq not in self._targets),
+                   key=lambda x: x[1], default=None)
         if best is None or not self.pays(best[1] - reuse):
             return None
         return best
 
-    def copy(self, L: Any, mem: Any, src: Slot, dst: Slot, n: int) -> None:
+    def copy(self, L: Any, mem: Any, src: Slot, dst: Slot, n: int, decodes: int = -1) -> None:
         """Make `dst` hold the first n tokens of `src`. llama.cpp copies the stream at the next
-        decode, before that batch writes anything: `src`'s cells up to n are what it holds now."""
+        decode, before that batch writes anything: `src`'s cells up to n are what it holds now,
+        and stay so (held) until that decode."""
+        self._queued(decodes)
+        self._sources.add(src.seq)
+        self._targets.add(dst.seq)
         dst.forget(L, mem)
         L.llama_memory_seq_cp(mem, src.seq, dst.seq, -1, -1)  # across streams: whole streams only
         L.llama_memory_seq_rm(mem, dst.seq, n, -1)

@@ -303,10 +303,12 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _replay(req: GenerationRequest, hit: Cached) -> AsyncIterator[Event]:
-    for piece in hit.pieces:
-        yield TokenEvent(req.id, piece, 1)
+    # the first event says which old messages were left out to fit, as the computed reply's did
+    dropped = hit.usage.dropped_messages
+    for i, piece in enumerate(hit.pieces):
+        yield TokenEvent(req.id, piece, 1, dropped_messages=dropped if i == 0 else 0)
     if hit.tool_calls:
-        yield TokenEvent(req.id, "", 0, tool_calls=hit.tool_calls)
+        yield TokenEvent(req.id, "", 0, tool_calls=hit.tool_calls, dropped_messages=0 if hit.pieces else dropped)
     # the hit's own timings (it computed nothing), not those of the request that filled the cache
     yield FinalEvent(req.id, hit.finish_reason, replace(hit.usage, ttft_s=0.0, prefill_s=0.0, decode_s=0.0,
                                                         queue_s=0.0))
@@ -393,13 +395,17 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     key = None
     status = "bypass"
     no_store = "no-store" in request.headers.get("cache-control", "").lower()
-    if cache is not None and not no_store and cacheable(req):
-        key = cache_key(req, state.registry.get(name), engine_of(request, name), _served(request, name, req))
+    keyed = cache is not None and not no_store and cacheable(req)
+    if keyed and (served := _served(request, name)) is not None:
+        key = cache_key(req, state.registry.get(name), engine_of(request, name), served)
         hit = await asyncio.to_thread(cache.get, key)  # SQLite off the event loop
         if hit is not None:
             events = _replay(req, hit)
             return Run(req, name, events, await events.__anext__(), t_start, cache="hit", request=request)
+    if keyed:  # a model not loaded yet: its reply is keyed once the load says how it is served
         status = "miss"
+        if key is None:
+            cache.misses += 1
     elif cache is not None:
         cache.bypasses += 1
     events = scheduler.generate(name, req, admission)
@@ -415,22 +421,29 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     after: list[Callable[[Run], Any]] = []
     if req.fim is not None:  # what was proposed at this cursor, for the next keystroke
         after.append(lambda r: state.suggestions.put(name, req, "".join(r.text)))
-    if key is not None:
-        after.append(lambda r: asyncio.get_running_loop().run_in_executor(None, _store, cache, r))
+    if keyed:
+        def store(r: Run) -> Any:
+            if r.cache_key is None and (served := _served(request, name)) is not None:
+                r.cache_key = cache_key(req, state.registry.get(name), engine_of(request, name), served)
+            return asyncio.get_running_loop().run_in_executor(None, _store, cache, r)
+        after.append(store)
     if after:
         run.on_done = lambda r: [f(r) for f in after]
     return run
 
 
-def _served(request: Request, name: str, req: GenerationRequest) -> dict[str, Any]:
-    """What of the daemon's own setup changes a reply (the response cache's key holds it)."""
+def _served(request: Request, name: str) -> dict[str, Any] | None:
+    """What of the daemon's own setup changes a reply (the response cache's key holds it): the
+    batching policy, the llama.cpp build, and the loaded model's context (which bounds a reply and
+    decides which old messages are dropped to fit), weight repacking and GPU split as they came out
+    of the load. None while the model is not loaded: those are known only once it is."""
     s = request.app.state.settings
-    out: dict[str, Any] = {"policy": "exact" if s.exact else "fast", "gpu_layers": s.gpu_layers,
-                           "llama_cpp": _llama_cpp_version()}
-    if req.max_tokens is None:  # the reply may run to the context's end: which context counts
-        worker = request.app.state.scheduler.workers.get(name)
-        out["n_ctx"] = worker.cfg.n_ctx if worker is not None and worker.cfg is not None else s.ctx
-    return out
+    worker = request.app.state.scheduler.workers.get(name)
+    if worker is None or worker.cfg is None:
+        return None
+    cfg = worker.cfg
+    return {"policy": "exact" if s.exact else "fast", "llama_cpp": _llama_cpp_version(), "n_ctx": cfg.n_ctx,
+            "repack": cfg.repack, "gpu_layers": worker.info.get("gpu_layers", cfg.gpu_layers)}
 
 
 _llama_cpp_version = functools.cache(llama_cpp_version)  # read once: the package cannot change under us
