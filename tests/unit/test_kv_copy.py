@@ -1,36 +1,63 @@
-"""Copying a shared prefix between slots: only where the copy costs less than the prefill it saves."""
+"""Copying a shared prefix between slots: through the sequence state (the source's used cells only,
+written at once), and only where the copy costs less than the prefill it saves."""
 
 from __future__ import annotations
 
 from llmd.backends.llamacpp.kv_copy import PrefixCopier, lost
 from llmd.backends.llamacpp.slots import Slot
 
+QWEN_1_5B_KV_TOKEN = 28672  # bytes of K and V per token: 28 layers x 2 KV heads x 128 x f16 x 2
+
 
 class FakeLlama:
-    def __init__(self) -> None:
+    """The state calls the copy makes, on sequences that are lists of (position, value) cells."""
+
+    def __init__(self, seqs: dict[int, list[int]]) -> None:
         self.calls: list[tuple] = []
+        self.seqs = seqs
+
+    def llama_state_seq_get_size(self, ctx, seq):
+        return 4 * len(self.seqs.get(seq, [])) + 4
+
+    def llama_state_seq_get_data(self, ctx, buf, size, seq):
+        self.calls.append(("get", seq))
+        cells = self.seqs.get(seq, [])
+        data = len(cells).to_bytes(4, "little") + b"".join(c.to_bytes(4, "little") for c in cells)
+        buf[:len(data)] = list(data)
+        return len(data)
+
+    def llama_state_seq_set_data(self, ctx, buf, size, seq):
+        self.calls.append(("set", seq))
+        raw = bytes(buf[:size])
+        n = int.from_bytes(raw[:4], "little")
+        self.seqs[seq] = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "little") for i in range(n)]
+        return size
 
     def llama_memory_seq_rm(self, mem, seq, p0, p1):
         self.calls.append(("rm", seq, p0, p1))
-
-    def llama_memory_seq_cp(self, mem, src, dst, p0, p1):
-        self.calls.append(("cp", src, dst, p0, p1))
+        if p0 >= 0:
+            del self.seqs.setdefault(seq, [])[p0:]
+        else:
+            self.seqs[seq] = []
 
 
 def reusable(slot: Slot, prompt: list[int]) -> int:
     return slot.reusable(prompt, 64, exact=False)
 
 
-def test_the_copy_pays_by_the_measured_prefill_cost():
-    # a 1.5B model's slot stream at 4096 tokens (115 MB, ~29 ms to copy) against 6 ms a token
-    big = PrefixCopier(4096 * 28672, 0.006)
-    assert big.pays(24) and not big.pays(5)
-    # a 135M model prefills 20x faster: the same prefix is cheaper to compute than to copy
-    small = PrefixCopier(4096 * 23040, 0.0005)
-    assert not small.pays(24) and small.pays(200)
+def test_the_copy_pays_by_the_measured_prefill_cost_and_the_sources_size():
+    big = PrefixCopier(QWEN_1_5B_KV_TOKEN, 0.006)  # a 1.5B model: 6 ms a prefilled token
+    assert big.pays(24, 100) and not big.pays(1, 2000)
+    # the source's whole state moves, whatever the prefix: a 19-token system prompt held by a
+    # slot with a long conversation behind it is cheaper to compute
+    assert big.pays(19, 40) and not big.pays(19, 30_000)
+    # the automatic context does not make copies dear (a whole-stream copy of 32,768 cells did)
+    assert big.copy_s(40) < 0.002  # measured: 0.3-0.9 ms for 20 tokens
+    small = PrefixCopier(23040, 0.0005)  # a 135M model prefills 12x faster
+    assert not small.pays(3, 1000) and small.pays(200, 200)
     for _ in range(20):  # measured prefill steps move the estimate
         small.observe_prefill(512, 512 * 0.005)
-    assert small.pays(24)
+    assert abs(small.prefill_token_s - 0.005) < 0.001
     small.observe_prefill(8, 100.0)  # a few tokens say little about the per-token cost: ignored
     assert abs(small.prefill_token_s - 0.005) < 0.001
 
@@ -38,23 +65,38 @@ def test_the_copy_pays_by_the_measured_prefill_cost():
 def test_the_source_is_the_slot_holding_most_of_the_prompt():
     shared = list(range(100))
     slots = [Slot(0, tokens=shared + [7, 7]), Slot(1, tokens=shared[:40]), Slot(2, tokens=[5, 5, 5]), Slot(3)]
-    copier = PrefixCopier(4096 * 28672, 0.006)
+    copier = PrefixCopier(QWEN_1_5B_KV_TOKEN, 0.002)
     prompt = shared + [9, 9, 9]
     assert copier.source(slots, slots[3], prompt, 0, reusable) == (slots[0], 100)
     # the target holds almost as much itself: copying would save too little
-    assert copier.source(slots, slots[1], prompt, 95, reusable) is None
+    assert copier.source(slots, slots[1], prompt, 99, reusable) is None
     # never the target itself
     assert copier.source(slots[:1], slots[0], prompt, 0, reusable) is None
 
 
-def test_a_copy_takes_the_sources_tokens_and_drops_the_targets():
-    L = FakeLlama()
+def test_a_copy_is_written_at_once_and_a_later_write_to_the_source_cannot_reach_it():
+    """llama.cpp's own stream copy was applied at the next decode, so a prefix restore into the
+    source in the same admission round became what the copying request got, silently."""
+    L = FakeLlama({0: list(range(50)), 2: [9] * 30})
     src, dst = Slot(0, tokens=list(range(50)), saved=40), Slot(2, tokens=[9] * 30, tail=[1, 2], saved=30)
     copier = PrefixCopier(1000, 0.01)
-    copier.copy(L, None, src, dst, 20)
+    assert copier.copy(L, None, None, src, dst, 20)
     assert dst.tokens == list(range(20)) and dst.saved == 20 and dst.tail == []
-    assert L.calls == [("rm", 2, -1, -1), ("cp", 0, 2, -1, -1), ("rm", 2, 20, -1)]
+    assert L.seqs[2] == list(range(20))  # the target holds the KV now, not at the next decode
+    L.seqs[0] = [7] * 50  # a restore or a truncation of the source afterwards
+    assert L.seqs[2] == list(range(20))
     assert copier.info()["copies"] == 1 and copier.info()["tokens"] == 20
+
+
+def test_a_refused_state_empties_the_target():
+    class Refusing(FakeLlama):
+        def llama_state_seq_set_data(self, ctx, buf, size, seq):
+            return 0
+
+    L = Refusing({0: list(range(50))})
+    dst = Slot(1, tokens=[3, 3])
+    assert not PrefixCopier(1000, 0.01).copy(L, None, None, Slot(0, tokens=list(range(50))), dst, 20)
+    assert dst.tokens == []
 
 
 def test_what_a_slot_would_lose_and_what_a_copy_serves():
@@ -62,27 +104,8 @@ def test_what_a_slot_would_lose_and_what_a_copy_serves():
     assert lost(held, 26) == 25  # its other 25 tokens are gone once a prompt sharing 26 lands there
     assert lost(Slot(1, tokens=list(range(300)), saved=300), 3) == 0  # the prefix cache keeps them
     assert lost(Slot(2), 0) == 0
-    copier = PrefixCopier(4096 * 28672, 0.01)  # 29 ms a copy: about 3 prefill tokens
-    # an empty slot serves what another slot holds, less the copy's cost; more than overwriting
+    copier = PrefixCopier(QWEN_1_5B_KV_TOKEN, 0.01)
+    # an empty slot serves what another slot holds, less the copy's cost: more than overwriting
     # the slot that holds it would keep (26 served, 25 lost)
-    assert 22 < copier.served(0, 26) < 24
-    assert copier.served(25, 26) == 25  # one token is not worth a copy
-
-
-def test_a_queued_copy_holds_its_source_and_its_target_is_no_source_until_the_next_decode():
-    """llama.cpp applies a copy between streams at the next decode, while a prefix restore or a
-    truncation writes at once: the source must stay as it is until then (else the copying request
-    gets the restored KV, silently), and the target holds the tokens, not their KV, until then."""
-    L = FakeLlama()
-    shared = list(range(100))
-    src, dst, other = Slot(0, tokens=shared), Slot(1), Slot(2)
-    copier = PrefixCopier(4096 * 28672, 0.006)
-    assert not copier.held(src, 5)
-    copier.copy(L, None, src, dst, 100, decodes=5)
-    assert copier.held(src, 5) and not copier.held(dst, 5) and not copier.held(other, 5)
-    # the target is not a source yet: the next request copies from the slot that has the KV
-    assert copier.source([src, dst, other], other, shared + [1], 0, reusable, decodes=5) == (src, 100)
-    assert copier.source([dst, other], other, shared + [1], 0, reusable, decodes=5) is None
-    # a decode ran: the copy is applied, nothing is held
-    assert not copier.held(src, 6)
-    assert copier.source([dst, other], other, shared + [1], 0, reusable, decodes=6) == (dst, 100)
+    assert 25 < copier.served(0, 26, 51) < 26
+    assert copier.served(25, 26, 5000) == 25  # one token is not worth copying a long conversation

@@ -82,10 +82,8 @@ class Decoder:
         self._crash = mode == "always" or (mode == "repack" and repack)
         self._hang = mode == "hang"  # a kernel that never returns, on prompts longer than warm-up's
         self._raise = mode == "raise"  # a decode that raises (a bug's stand-in), on the same prompts
-        self.calls = 0  # decodes begun: each applies the KV copies queued before it (kv_copy.py)
 
     def __call__(self, batch: Any) -> int:
-        self.calls += 1
         if self._crash and batch.n_tokens > 1:
             os.kill(os.getpid(), signal.SIGSEGV)  # as the AMX kernels do (test switch only)
         if self._hang and batch.n_tokens > 100:

@@ -181,7 +181,7 @@ class LlamaCppEngine:
         # refined by every prefill step; the KV copy's cost is the size of one slot's stream
         head = L.llama_model_n_embd(self.model) // max(1, L.llama_model_n_head(self.model))
         kv_token = 2 * 2 * L.llama_model_n_layer(self.model) * L.llama_model_n_head_kv(self.model) * head
-        self.copier = PrefixCopier(cfg.n_ctx * kv_token, (time.perf_counter() - t_warm) / n_warm)
+        self.copier = PrefixCopier(kv_token, (time.perf_counter() - t_warm) / n_warm)
         self.spec = Speculator(*self._load_draft())
         self.embedder: Embedder | None = None
         self.load_s = time.perf_counter() - t0
@@ -395,7 +395,7 @@ class LlamaCppEngine:
         """Fill free slots: first requests whose prefix has been read from disk, then waiting ones.
         A waiting request whose prefix is on disk waits for the read off the step thread, in
         `reading`, while the other slots go on."""
-        while self._free():  # a slot a queued KV copy reads from waits for the next step
+        while self._free():
             done = next((r for r in self.reading if r[1].done()), None)
             if done is not None:
                 self.reading.remove(done)
@@ -428,11 +428,11 @@ class LlamaCppEngine:
                 else:
                     slot.truncate(self._L, self.mem, reuse)
                 if not self.exact and active.req.cache_prompt:  # another slot may hold more of the prompt
-                    donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable,
-                                               self._llama_decode.calls)
-                    if donor is not None:
-                        self.copier.copy(self._L, self.mem, donor[0], slot, donor[1], self._llama_decode.calls)
+                    donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable)
+                    if donor is not None and self.copier.copy(self._L, self.ctx, self.mem, donor[0], slot, donor[1]):
                         reuse = donor[1]
+                    elif donor is not None:  # refused: the slot was emptied, its prompt is computed
+                        reuse = 0
             except Exception as e:  # this request's placement failed: it is answered, no other is
                 log.exception("placing request %s in a slot failed", active.req.id)
                 if slot is not None:
@@ -449,10 +449,7 @@ class LlamaCppEngine:
             slot.active = active
 
     def _free(self) -> list[Slot]:
-        """Slots a request may be placed in now: idle ones, less those a queued KV copy reads from
-        (llama.cpp copies at the next decode, so a restore or truncation there before it would be
-        what the copying request gets)."""
-        return [s for s in self.slots if s.active is None and not self.copier.held(s, self._llama_decode.calls)]
+        return [s for s in self.slots if s.active is None]
 
     def _lookup(self, active: Active) -> Hit | Future[Hit | None] | None:
         """The prefix cache's entry for the prompt, when it would serve more than a free slot does."""
@@ -477,11 +474,12 @@ class LlamaCppEngine:
             return min(free, key=lambda s: (lost(s, 0), s.last_used)), 0
         prompt = active.prompt
         reuse_of = {s.seq: self._reusable(s, prompt) for s in self.slots}
-        best = max(reuse_of.values())
+        holder = max(self.slots, key=lambda s: reuse_of[s.seq])
+        best = reuse_of[holder.seq]
 
         def value(s: Slot) -> tuple[float, float]:
             r = reuse_of[s.seq]
-            served = r if self.exact else self.copier.served(r, best)
+            served = r if self.exact else self.copier.served(r, best, len(holder.tokens))
             return served - lost(s, r), -s.last_used
 
         slot = max(free, key=value)
