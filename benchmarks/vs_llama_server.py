@@ -39,6 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import ROOT, cpu_name, free_port, med, start_llmd, start_llmd_with, stop, wait_http, wait_idle  # noqa: E402
 
 THREADS = "2"
+# a quiet moment before each measured request: llama.cpp's threads poll for work for a while after
+# a batch, so the system measured just before can still hold the cores
+SETTLE_S = 0.25
 WORDS = ("lighthouse keeper harbour storm lantern rope tide gull cliff beacon ship fog bell signal wave "
          "stone stair window night morning oil wick glass island coast current anchor sail cargo").split()
 
@@ -89,6 +92,7 @@ class Peer:
 
     def ttft(self, messages: list[dict], max_tokens: int = 8, **extra: object) -> float:
         self.idle()
+        time.sleep(SETTLE_S)
         return self.stream(messages, max_tokens, **extra)[0]
 
 
@@ -98,10 +102,12 @@ QUESTIONS = ["What is a lighthouse for?", "Why is the sea salty?", "How do tides
 
 
 def short_chat(p: Peer, r: int, tag: int) -> dict[str, float]:
-    """Round 0 is left out of the median (run_paths adds a round): a system's first short chat
-    after a load can be cold in ways that say nothing of the path (its system prompt not cached)."""
-    p.idle()
-    return {"short chat TTFT (s)": p.ttft([SYS, {"role": "user", "content": f"{QUESTIONS[r % 6]} ({tag}{r})"}])}
+    """The median of three short chats (one 15-token prefill each, whose time moved 0.2-0.8 s
+    from one request to the next on this shared machine). Round 0 is left out of the median
+    (run_paths adds a round): a system's first short chat after a load can be cold in ways that
+    say nothing of the path (its system prompt not cached)."""
+    got = [p.ttft([SYS, {"role": "user", "content": f"{QUESTIONS[(3 * r + i) % 6]} ({tag}{r}.{i})"}]) for i in range(3)]
+    return {"short chat TTFT (s)": med(got)}
 
 
 def story(p: Peer, r: int, tag: int) -> dict[str, float]:

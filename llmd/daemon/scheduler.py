@@ -42,12 +42,12 @@ from llmd.models.drafts import AUTOMATIC, choose_draft, vocab_compatible
 from llmd.models.gguf import GGUFInfo, read_gguf
 from llmd.models.memory import (
     AUTO_MIN_CTX,
-    MB,
     ContextChoice,
     DoesNotFit,
     available_bytes,
     check_fit,
     choose_ctx,
+    grow_refusal,
 )
 from llmd.models.registry import Registry
 
@@ -104,6 +104,8 @@ class ModelState:
     last_used: float = 0.0  # monotonic
     retiring: bool = False  # stop it once `users` is 0
     ctx_wanted: int = 0  # a context per slot a request asked for (Ollama's num_ctx) above the usual choice
+    ctx_refused: int = 0  # the smallest such context memory did not allow (not asked again)
+    gguf: tuple[Any, Any] = (None, None)  # the loaded model's and draft's GGUFInfo, for grow_refusal
 
 
 class Scheduler:
@@ -206,8 +208,10 @@ class Scheduler:
     def _grow_for(self, name: str, want: int) -> None:
         """Ollama's num_ctx above the loaded context: load the model again with a larger context per
         slot (rounded up to GROW_STEP, so a client whose num_ctx creeps up reloads rarely), as Ollama
-        does, when the extra KV cache fits in the memory available and no other request is using the
-        model; otherwise the request is served within the loaded context, and the log says why."""
+        does, when memory allows it by the one rule the load applies too (memory.grow_refusal) and
+        no other request is using the model; otherwise the request is served within the loaded
+        context, and the log says why. A context never shrinks for a request that asks for less,
+        and one refused is not asked again until memory could have changed (a load)."""
         m = self.state(name)
         want = -(-want // GROW_STEP) * GROW_STEP
         if want <= m.ctx_wanted and m.worker is None:
@@ -216,23 +220,43 @@ class Scheduler:
         if w is None:  # not loaded yet: the load takes it into account
             m.ctx_wanted = max(m.ctx_wanted, want)
             return
-        if w.remote or w.cfg is None or want <= w.cfg.n_ctx:
+        if w.remote or w.cfg is None or want <= w.cfg.n_ctx or (m.ctx_refused and want >= m.ctx_refused):
             return
         loaded = w.cfg.n_ctx
-        est = w.info.get("memory_estimate") or {}
-        per_ctx_token = est.get("kv", 0) / max(1, est.get("n_ctx", 0) or loaded)
-        extra = int((want - loaded) * per_ctx_token)
-        avail = available_bytes()
-        if m.users > 1 or extra > avail:
-            why = (f"{m.users - 1} other requests are using it" if m.users > 1 else
-                   f"{extra // MB} MiB more KV cache is needed and {avail // MB} MiB is available")
+        why = f"{m.users - 1} other requests are using it" if m.users > 1 else self._grow_refusal(m, w, want)
+        if why:
             log.warning("a request asks %s for a context of %d tokens (num_ctx) but it is loaded with %d; "
                         "serving it within %d: %s", name, want, loaded, loaded, why)
+            if m.users <= 1:
+                m.ctx_refused = want
             return
         log.info("loading %s again with a context of %d tokens per slot (was %d): a request asked for it "
                  "(num_ctx)", name, want, loaded)
         m.ctx_wanted = want
         self._stop(name)
+
+    def _grow_refusal(self, m: ModelState, w: Handle, want: int) -> str | None:
+        """memory.grow_refusal for a loaded model: what its reload would free counts as available."""
+        info, draft = m.gguf
+        est = w.info.get("memory_estimate") or {}
+        if info is None or w.cfg is None:
+            return None
+        gpu_share = (w.info.get("gpu_layers") or 0) / max(1, w.info.get("n_layer") or 1)
+        vram, vram_freed = self._vram_available(), int(est.get("kv", 0) * gpu_share)
+        return grow_refusal(info, draft, w.cfg.n_slots, want, available_bytes(), est.get("kv", 0),
+                            gpu_share, vram, vram_freed)
+
+    def _vram_available(self) -> int | None:
+        """Free memory of the GPU llama.cpp offloads to (NVML, read now); None without one."""
+        from llmd.backends.select import refresh_gpus
+
+        if self.probe is None or not self.probe.gpus:
+            return None
+        try:
+            gpus = refresh_gpus(self.probe).gpus
+        except Exception:  # NVML failing now: nothing to check against
+            return None
+        return max((g.free_vram for g in gpus), default=None)
 
     def _load_done(self, name: str) -> Callable[[asyncio.Task[Handle]], None]:
         def done(_task: asyncio.Task[Handle]) -> None:
@@ -309,6 +333,7 @@ class Scheduler:
         worker.info["draft"] = draft["name"] if draft else None
         worker.info["draft_reason"] = draft_why
         worker.info["ctx_reason"] = ctx.reason
+        self.state(name).gguf = (info, draft_info)
         self._loaded(name, worker)
         log.info("loaded %s in worker pid %s (%.2fs)", name, worker.pid, worker.info.get("load_s", 0))
         self._retire_idle(keep=name)
@@ -325,15 +350,17 @@ class Scheduler:
             return ContextChoice(fixed or AUTO_MIN_CTX, "set by LLMD_CTX" if fixed else "llmd's default for "
                                  "a checkpoint or engine (set LLMD_CTX)")
         ctx = choose_ctx(info, s.slots, fixed, None, draft)
-        wanted = self.state(name).ctx_wanted
+        m = self.state(name)
+        wanted, m.ctx_refused = m.ctx_wanted, 0  # a load asks memory again
         if wanted > ctx.n_ctx:
-            per_ctx_token = s.slots * (info.kv_bytes_per_token() + (draft.kv_bytes_per_token() if draft else 0))
-            if wanted * per_ctx_token <= available_bytes() // 2:
+            why = grow_refusal(info, draft, s.slots, wanted, available_bytes())  # nothing of it is loaded now
+            if why is None:
                 beyond = (f"; beyond the {info.context_length} tokens the model was trained for"
                           if info.context_length and wanted > info.context_length else "")
                 return ContextChoice(wanted, f"{wanted} tokens per slot: a request asked for {wanted} (num_ctx){beyond}")
-            log.warning("%s: a request asked for a context of %d tokens (num_ctx) but its KV cache would not fit "
-                        "in half the memory available; loading with %d", name, wanted, ctx.n_ctx)
+            log.warning("%s: a request asked for a context of %d tokens (num_ctx) but %s; loading with %d",
+                        name, wanted, why, ctx.n_ctx)
+            m.ctx_refused = wanted
         return ctx
 
     async def _load_remote(self, name: str, row: dict[str, Any]) -> Handle:

@@ -88,6 +88,31 @@ def choose_ctx(info: GGUFInfo, n_slots: int, fixed: int = 0, available: int | No
                                 f"{avail // MB} MiB available is {budget // MB} MiB (set LLMD_CTX to choose)")
 
 
+# A context a request asks for (Ollama's num_ctx) above the automatic one is loaded when every slot's
+# KV cache at that size (the draft's included) takes at most this share of the memory it would have:
+# what is available now plus what the loaded KV cache gives back. One rule, asked both when a
+# request wants more and when the load chooses (two rules that disagreed reloaded at each request).
+GROW_SHARE = 0.5
+
+
+def grow_refusal(info: GGUFInfo, draft: GGUFInfo | None, n_slots: int, want: int, available: int, freed: int = 0,
+                 gpu_share: float = 0.0, vram_available: int | None = None, vram_freed: int = 0) -> str | None:
+    """Why a context of `want` tokens per slot is not loaded (None: it is). `freed`: the loaded KV
+    cache a reload gives back (0 when nothing is loaded). On a GPU, the offloaded layers' share of
+    the KV cache (`gpu_share`) must fit the GPU's memory by the same rule."""
+    kv = want * n_slots * (info.kv_bytes_per_token() + (draft.kv_bytes_per_token() if draft else 0))
+    room = available + freed
+    if kv > room * GROW_SHARE:
+        return (f"{n_slots} slots of {want} tokens need {kv // MB} MiB of KV cache, more than half of the "
+                f"{room // MB} MiB memory it would have")
+    if gpu_share > 0 and vram_available is not None:
+        on_gpu, vroom = int(kv * gpu_share), vram_available + vram_freed
+        if on_gpu > vroom * GROW_SHARE:
+            return (f"the GPU's share of that KV cache, {on_gpu // MB} MiB, is more than half of the "
+                    f"{vroom // MB} MiB GPU memory it would have")
+    return None
+
+
 def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 

@@ -49,3 +49,25 @@ def test_the_setting():
     assert fixed_ctx("auto") == 0 and fixed_ctx("8192") == 8192 and load_settings({}).ctx == "auto"
     with pytest.raises(ValueError, match="LLMD_CTX"):
         fixed_ctx("big")
+
+
+def test_one_rule_decides_a_larger_context_asked_for_whether_loaded_or_loading():
+    """num_ctx above the loaded context reloads only where the load that follows keeps it: the
+    request's view (memory available now plus the loaded KV cache a reload frees) and the load's
+    (memory available once it is freed) give the same answer. Two rules that disagreed reloaded the
+    model at every request."""
+    from llmd.models.memory import GROW_SHARE, MB, grow_refusal
+
+    model = info(32768)
+    per_token = 4 * model.kv_bytes_per_token()
+    loaded_kv = 8192 * per_token
+    for want in (16384, 32768, 65536):
+        for free_now in (200 * MB, 1500 * MB, 3000 * MB, 6000 * MB):
+            asked = grow_refusal(model, None, 4, want, free_now, freed=loaded_kv)
+            at_load = grow_refusal(model, None, 4, want, free_now + loaded_kv)
+            assert (asked is None) == (at_load is None), (want, free_now, asked, at_load)
+    assert grow_refusal(model, None, 4, 32768, int(32768 * per_token / GROW_SHARE) + MB) is None
+    why = grow_refusal(model, None, 4, 32768, int(32768 * per_token / GROW_SHARE) - MB)
+    assert why and "more than half" in why
+    # on a GPU, the offloaded layers' share must fit its memory too
+    assert "GPU" in grow_refusal(model, None, 4, 32768, 64 * 1024 * MB, gpu_share=1.0, vram_available=100 * MB)
