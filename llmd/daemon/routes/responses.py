@@ -270,7 +270,15 @@ class _Output:
         return evs
 
     def finish(self) -> list[dict[str, Any]]:
-        return self._close()
+        """The reply's end: the open text item closes, and a call streamed as it was decoded that the
+        parser never finished (the reply was cut inside it, or it did not parse and came back as
+        text) ends `incomplete`: no item is left in_progress."""
+        evs = self._close()
+        for item in self.live.values():
+            if item.get("status") == "in_progress":
+                item["status"] = "incomplete"
+                evs.append(self.event("response.output_item.done", output_index=self.items.index(item), item=item))
+        return evs
 
 
 def _response(rid: str, body: ResponsesBody, model: str, created: int, output: list[dict[str, Any]],
