@@ -177,7 +177,11 @@ def codex_task(go: Callable[[], subprocess.CompletedProcess], rec: Recorder, wor
 
 
 @needs(BIN / "opencode")
+@pytest.mark.timeout(1800)  # its cold 7.2k-token prefill is about three minutes here, then warm tries
 def test_opencode_run(rec: Recorder, tmp_path: Path):
+    """opencode's task writes hello.txt through its tools. Whether the 1.5B calls the tool is its
+    own judgement (one CI run's only try ended cleanly with no file), so the task gets up to three
+    tries; each must run clean, one must write the file."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "opencode.json").write_text(
@@ -185,11 +189,15 @@ def test_opencode_run(rec: Recorder, tmp_path: Path):
         ' "provider": {"llmd": {"npm": "@ai-sdk/openai-compatible", "name": "llmd",\n'
         '   "options": {"baseURL": "' + rec.url + '/v1"}, "models": {"' + QWEN + '": {"name": "Qwen2.5-Coder"}}}}}\n')
     cache = Path.home() / ".cache" / "llmd" / "apps" / "opencode-cache"  # its AI SDK provider, installed once
-    t0 = time.monotonic()
-    r = run([str(BIN / "opencode"), "run", TASK], work,
-            {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache), "OPENCODE_DISABLE_AUTOUPDATE": "1"})
-    timed("opencode", "run (cold)", t0)
-    assert_clean(r, rec, "POST /v1/chat/completions", "opencode")
+    made = work / "hello.txt"
+    for i in range(3):
+        t0 = time.monotonic()
+        r = run([str(BIN / "opencode"), "run", TASK], work,
+                {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache), "OPENCODE_DISABLE_AUTOUPDATE": "1"})
+        timed("opencode", f"run (try {i + 1}{', cold' if i == 0 else ''})", t0)
+        assert_clean(r, rec, "POST /v1/chat/completions", "opencode")
+        if made.exists() and "hi" in made.read_text().lower():
+            break
     assert_hello(work, r)
 
 
