@@ -31,8 +31,9 @@ def release_mapped(path: str) -> int:
 
     Repacked weights are copied out of the mapped file into a buffer of their own, and the pages
     they were copied from stay resident beside the copy: measured on AMD with the 1.5B model, the
-    whole 1,060 MiB mapping resident beside a 597 MiB repacked buffer (llama.cpp maps the file even
-    with use_mmap off here). The file's pages are clean page cache, so dropping them from this
+    whole 1,060 MiB mapping resident beside a 597 MiB repacked buffer (llama-cpp-python 0.3.36's
+    llama_model_params has `load_mode` where `use_mmap` was: setting use_mmap did nothing). The
+    file's pages are clean page cache, so dropping them from this
     process costs nothing: the tensors still read from the mapping fault back in at the warm-up's
     first pass (from the page cache), the repacked ones are never touched again."""
     import ctypes.util
