@@ -178,7 +178,7 @@ class LlamaCppEngine:
         t_warm = time.perf_counter()
         n_warm = self._warm_up()
         # a first estimate of the prefill cost per token (a cold first decode: on the high side),
-        # refined by every prefill step; the KV copy's cost is the size of one slot's stream
+        # refined by every prefill step; a KV copy's cost is its source's tokens x these bytes per token
         head = L.llama_model_n_embd(self.model) // max(1, L.llama_model_n_head(self.model))
         kv_token = 2 * 2 * L.llama_model_n_layer(self.model) * L.llama_model_n_head_kv(self.model) * head
         self.copier = PrefixCopier(kv_token, (time.perf_counter() - t_warm) / n_warm)

@@ -19,6 +19,7 @@ model prefills 2,000 tokens/s on two cores, a 1.5B model 160), and only under th
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,8 +80,6 @@ class PrefixCopier:
     def copy(self, L: Any, ctx: Any, mem: Any, src: Slot, dst: Slot, n: int) -> bool:
         """Make `dst` hold the first n tokens of `src`, now. False (dst emptied) when llama.cpp
         refuses the state; the request then computes its prompt."""
-        import time
-
         t0 = time.perf_counter()
         size = L.llama_state_seq_get_size(ctx, src.seq)
         buf = (ctypes.c_uint8 * size)()
