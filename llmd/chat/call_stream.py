@@ -4,7 +4,8 @@ A Hermes call (Qwen, Hermes and the many templates that copy them) is
 `<tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</tool_call>`, the name first. Once the name
 and the start of the arguments are in, the call can be announced and its arguments streamed as
 they come, as OpenAI and vLLM stream them, instead of holding the whole reply to its end. A bare
-call object without the tags (Qwen2.5-Coder writes its calls so more often than not) counts too. A reply
+call object without the tags (Qwen2.5-Coder writes its calls so more often than not) counts too,
+and so does one in a ```json code fence (its way in Claude Code's long prompts). A reply
 that strays from this shape is not streamed (None): it is parsed whole at the end, as before.
 """
 
@@ -18,6 +19,8 @@ _OPEN = "<tool_call>"
 _CLOSE = "</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _NAME = re.compile(r'\{"name":"(?:[^"\\]|\\.)*')  # on text with whitespace removed
+# a bare call in a Markdown code fence (Qwen2.5-Coder's way in long agent prompts): ```json\n{...}\n```
+_FENCE = re.compile(r"\s*```(?:json)?[ \t]*\n")
 
 
 def _may_become_head(text: str) -> bool:
@@ -67,8 +70,11 @@ def hermes_progress(text: str) -> list[CallProgress] | None:
     writes its call without the tags); None when it is not in a shape that can be streamed (the
     caller then holds the reply and parses it whole)."""
     out: list[CallProgress] = []
-    bare = text.lstrip().startswith("{")
-    pos = len(text) - len(text.lstrip()) if bare else 0
+    fence = _FENCE.match(text)
+    if fence is None and text.lstrip() and "```json".startswith(text.lstrip()):
+        return out  # a fence's first line still being written
+    bare = fence is not None or text.lstrip().startswith("{")
+    pos = fence.end() if fence is not None else len(text) - len(text.lstrip()) if bare else 0
     while True:
         if not bare:
             rest = text[pos:].lstrip()
@@ -99,6 +105,8 @@ def hermes_progress(text: str) -> list[CallProgress] | None:
         if not tail.startswith("}"):
             return None
         after = tail[1:].lstrip()
+        if fence is not None:  # one call object, and the fence's end
+            return out if "```".startswith(after) else None
         if bare:  # one call object, and nothing after it
             return out if not after else None
         if not after.startswith(_CLOSE):
