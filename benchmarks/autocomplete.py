@@ -6,7 +6,8 @@ pause the editor sends a fill-in-the-middle request, as llama.vscode does (the 4
 the cursor, the cursor's line, the 16 lines after the code being written, n_predict 24), and drops
 it at the next keystroke (the connection closes). A completion is *shown* when it arrives before
 the next keystroke; the characters it gets right are the longest start of it that the person then
-types (what Tab would take). Systems run one after the other, on the same trace, nothing else busy:
+types (what Tab would take), each typed character counted once however many completions had it.
+Systems run one after the other, on the same trace, nothing else busy:
 
   llama-server /infill with llama.vscode's recommended settings for Qwen2.5-Coder (-ub 1024 -b 1024
       --cache-reuse 256, the model's context, the same threads), llama.vscode's request fields;
@@ -50,7 +51,7 @@ class Event:
 @dataclass
 class Result:
     latencies: list[float] = field(default_factory=list)  # of the completions shown in time
-    accepted: int = 0
+    covered: set[int] = field(default_factory=set)  # offsets of typed characters a shown completion had right
     typed: int = 0
     dropped: int = 0
     errors: int = 0
@@ -108,7 +109,7 @@ def common(a: str, b: str) -> int:
     return n
 
 
-def run(url: str, route: str, model: str, text: str, events: list[Event], end: int) -> Result:
+def run(url: str, route: str, model: str, text: str, events: list[Event], end: int, verbose: bool = False) -> Result:
     """Type the trace in real time; each pause's request is dropped when the pause ends."""
     out = Result()
     cursor = events[0].at - 1
@@ -136,13 +137,19 @@ def run(url: str, route: str, model: str, text: str, events: list[Event], end: i
         t.start()
         t.join(ev.pause + 0.05)
         t.join()  # the timeout has fired by now: nothing more to wait for
+        if verbose:
+            line = text[text.rfind("\n", 0, ev.at) + 1:ev.at]
+            print(f"  {line[-30:]!r:>34} {ev.pause:.1f} s: " + (
+                "dropped" if got.get("late") else f"{got.get('latency', 0):.2f} s {str(got.get('text'))[:40]!r}"),
+                file=sys.stderr, flush=True)
         if got.get("late"):
             out.dropped += 1
         elif got.get("status") != 200:
             out.errors += 1
         else:
             out.latencies.append(float(got["latency"]))  # type: ignore[arg-type]
-            out.accepted += common(str(got["text"]), text[ev.at:])
+            right = common(str(got["text"]), text[ev.at:end])
+            out.covered.update(range(ev.at, ev.at + right))  # a character two completions had right counts once
             time.sleep(max(0.0, ev.pause - float(got["latency"])))  # type: ignore[arg-type]
     return out
 
@@ -170,7 +177,7 @@ def row(name: str, r: Result) -> str:
     lat = sorted(r.latencies)
     p50 = f"{statistics.median(lat):.2f}" if lat else "-"
     p90 = f"{lat[min(len(lat) - 1, int(0.9 * len(lat)))]:.2f}" if lat else "-"
-    return (f"| {name} | {shown}/{r.sent} | {p50} | {p90} | {r.accepted} of {r.typed} ({r.accepted / max(1, r.typed):.0%}) "
+    return (f"| {name} | {shown}/{r.sent} | {p50} | {p90} | {len(r.covered)} of {r.typed} ({len(r.covered) / max(1, r.typed):.0%}) "
             f"| {r.dropped} | {r.errors} |")
 
 
@@ -180,6 +187,8 @@ def main() -> None:
     ap.add_argument("--words", type=int, default=80, help="word ends to pause at (default 80)")
     ap.add_argument("--start-line", type=int, default=120)
     ap.add_argument("--routes", default="/infill,/api/generate,/v1/completions")
+    ap.add_argument("--systems", default="llama-server,llmd", help="which to run (default both)")
+    ap.add_argument("--verbose", action="store_true", help="each request's outcome on stderr")
     args = ap.parse_args()
     source = Path(textwrap.__file__)
     text = source.read_text()
@@ -191,18 +200,21 @@ def main() -> None:
         name = Path(model).stem
         print(f"\n## {name}\n\n| system | shown in time | p50 s | p90 s | characters accepted | dropped | errors |\n"
               "|---|---|---|---|---|---|---|")
-        proc, url = llama_server(model)
-        try:
-            httpx.post(url + "/infill", json={"input_prefix": "def f():\n    ", "input_suffix": "\n", "n_predict": 4},
-                       timeout=300)
-            print(row("llama-server /infill", run(url, "/infill", name, text, events, end)), flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-        for route in args.routes.split(","):  # a fresh daemon each: no route warms the next one's caches
-            lp, lurl, _ = start_llmd_with({name: model})
+        systems = args.systems.split(",")
+        if "llama-server" in systems:
+            proc, url = llama_server(model)
             try:
-                print(row(f"llmd {route}", run(lurl, route, name, text, events, end)), flush=True)
+                httpx.post(url + "/infill", json={"input_prefix": "def f():\n    ", "input_suffix": "\n",
+                                                  "n_predict": 4}, timeout=300)
+                print(row("llama-server /infill", run(url, "/infill", name, text, events, end, args.verbose)),
+                      flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        for route in args.routes.split(",") if "llmd" in systems else ():  # a fresh daemon each: no route
+            lp, lurl, _ = start_llmd_with({name: model})                   # warms the next one's caches
+            try:
+                print(row(f"llmd {route}", run(lurl, route, name, text, events, end, args.verbose)), flush=True)
             finally:
                 lp.terminate()
                 lp.wait(30)

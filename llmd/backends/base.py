@@ -58,6 +58,10 @@ class GenerationRequest:
     ctx_limit: int | None = None  # a per-request context bound below the slot's (Ollama num_ctx)
     raw: bool = False  # prompt is already templated (Ollama raw, /v1/completions)
     cache_prompt: bool = True  # reuse a cached prefix (off: compute the whole prompt)
+    # fill in the middle: tokens decoded on past the reply's max_tokens, for the editor's next
+    # keystrokes (daemon.suggestions); the reply ends at max_tokens (a TokenEvent's reply_end says
+    # where) and the client gets only that
+    propose_tokens: int = 0
     # "off" | "ngram" (prompt lookup) | "draft" (paired model) | "auto" (cost-aware); "" = the daemon's
     # default (LLMD_SPECULATION, set by the route layer), which an engine left alone treats as auto
     speculation: str = ""
@@ -105,6 +109,7 @@ class TokenEvent:
     # parser hands them out with the reply's end); local engines write calls as text
     tool_calls: tuple[StructuredCall, ...] = ()
     dropped_messages: int = 0  # on a request's first event: old messages left out to fit (drop_old_messages)
+    reply_end: Usage | None = None  # the reply ends here (its usage); what follows is decoded on (propose_tokens)
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,144 @@
-"""The last completion proposed at each cursor, so that typing what it proposed costs no model step.
+"""The completion proposed at each cursor, so that typing what it proposed costs no model step.
 
-An editor asks for a completion at every pause. When the person then types the first characters
-of what was proposed, the next request's prefix is the last one plus those characters, and the
-rest of the proposal is already the model's answer for it (editors' own suggestion caches do
-this; here it works for every editor and every route: /infill, Ollama's suffix, OpenAI's suffix).
-Kept per model and per text around the cursor (suffix and other files' chunks), in memory,
-bounded.
+An editor asks for a completion at every pause and drops the request at the next keystroke. When
+the person then types the first characters of what was proposed, the next request's prefix is the
+last one plus those characters, and the rest of the proposal is already the model's answer for it
+(editors' own suggestion caches do this; here it works for every editor and every route: /infill,
+Ollama's suffix, OpenAI's suffix).
+
+On two CPU cores a completion takes longer than a typing pause, so a proposal whose editor dropped
+it runs on for a few seconds (ORPHAN_S) instead of being thrown away, and the next keystroke's
+request joins it while it is still being decoded: it waits for the proposal when what was typed
+agrees with it so far, and is answered from it. A request that the proposal cannot serve (the
+person typed something else, another file, another cursor) cancels every dropped proposal of that
+model at once, so that what runs for nobody never delays what someone waits for. A proposal that
+stopped at its token limit is decoded on from where it stopped (routes._common._go_on), so that a
+person who types all of it is still ahead of the model.
+
+Kept per model and per text around the cursor (suffix and other files' chunks), in memory, bounded.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
-import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from llmd.backends.base import GenerationRequest
 
 MAX_ENTRIES = 64
+MAX_CHAIN = 3  # proposals kept per cursor: the last one and those it goes on from
+ORPHAN_S = 3.0  # a dropped proposal runs on this long after the last request that wanted it
+JOIN_WAIT_S = 60.0  # a proposal that says nothing for this long is not waited for any more (a safety net)
+MAX_SLID_LINES = 8  # an editor keeps N lines before the cursor: a new line slides its window this far
+
+
+@dataclass(eq=False)
+class Proposal:
+    """One completion at one cursor, being decoded or done."""
+
+    model: str
+    prefix: str
+    pieces: list[str] = field(default_factory=list)  # the text so far: the request's own list, filled as it decodes
+    follows: bool = False  # decoded on from where the previous proposal at this cursor stopped
+    done: bool = False
+    complete: bool = False  # ended by the model or the request's limits (not cancelled, not failed)
+    task: asyncio.Future[None] | None = None  # its run, draining on after its client left
+    deadline: float = 0.0  # loop time: a dropped proposal nobody asked for since is cancelled then
+    stats: dict[str, int] = field(default_factory=dict)  # the store's counters (Suggestions.stats)
+    _change: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def orphan(self) -> bool:
+        return self.task is not None and not self.done
+
+    def changed(self) -> None:
+        """More text, or the end: whoever waits on it looks again."""
+        self._change.set()
+        self._change = asyncio.Event()
+
+    def finish(self, complete: bool) -> None:
+        if not self.done:
+            self.done, self.complete = True, complete
+            self.changed()
+
+    async def next_change(self) -> None:
+        await self._change.wait()
+
+    def run_on(self, task: asyncio.Future[None]) -> None:
+        """Its client left: the run goes on in `task` for the next keystroke, for ORPHAN_S."""
+        self.task = task
+        self._count("ran_on")
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its error is its own: nobody waits
+        self.wanted()
+        asyncio.get_running_loop().call_later(ORPHAN_S, self._expire)
+
+    def wanted(self) -> None:
+        self.deadline = asyncio.get_running_loop().time() + ORPHAN_S
+
+    def cancel(self, why: str = "cancelled") -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            self._count(why)
+
+    def _count(self, what: str) -> None:
+        self.stats[what] = self.stats.get(what, 0) + 1
+
+    def _expire(self) -> None:
+        if self.done:
+            return
+        left = self.deadline - asyncio.get_running_loop().time()
+        if left > 0:
+            asyncio.get_running_loop().call_later(left, self._expire)
+        else:
+            self.cancel("expired")
+
+
+def typed_since(old: str, new: str) -> str | None:
+    """What was typed after the prefix `old` to make the prefix `new`, or None when `new` is not
+    `old` plus typing. The editor's window may have dropped some of `old`'s first lines (it sends N
+    lines before the cursor, so a new line slides it); at least half of `old` must be kept."""
+    start = 0
+    for _ in range(MAX_SLID_LINES + 1):
+        kept = old[start:]
+        if new.startswith(kept) and 2 * len(kept) >= len(old):
+            return new[len(kept):]
+        nl = old.find("\n", start)
+        if nl < 0:
+            return None
+        start = nl + 1
+    return None
+
+
+def _whole_lines(so_far: str, typed: str) -> str | None:
+    """What follows `typed` in a proposal still being decoded, to the end of its last complete line, when
+    that holds text (an editor shows a completion to the end of a line: that much need not wait
+    for the rest)."""
+    if not so_far.startswith(typed):
+        return None
+    rest = so_far[len(typed):]
+    end = rest.rfind("\n")
+    return rest[:end + 1] if end > 0 and rest[:end].strip() else None
 
 
 class Suggestions:
     def __init__(self, size: int = MAX_ENTRIES) -> None:
-        self._last: OrderedDict[str, tuple[str, str]] = OrderedDict()  # key -> (prefix, proposed text)
+        self._last: OrderedDict[str, list[Proposal]] = OrderedDict()  # key -> the proposals there, oldest first
         self._size = size
-        self._lock = threading.Lock()
-        self.hits = 0
+        # answered from a proposal; dropped ones that ran on; of those, cancelled for a request they
+        # could not serve, and cancelled at ORPHAN_S with nobody asking
+        self.stats = {"answered": 0, "ran_on": 0, "cancelled": 0, "expired": 0}
+
+    @property
+    def hits(self) -> int:
+        return self.stats["answered"]
 
     @staticmethod
     def _key(model: str, req: GenerationRequest) -> str | None:
@@ -36,31 +148,76 @@ class Suggestions:
         what = [model, around, req.stop, req.response_format, dataclasses.asdict(req.sampling) | {"seed": None}]
         return hashlib.sha256(json.dumps(what, ensure_ascii=False).encode()).hexdigest()
 
-    def get(self, model: str, req: GenerationRequest) -> str | None:
-        """The rest of the last proposal when this request's prefix is the last one plus a start of it."""
+    async def answer(self, model: str, req: GenerationRequest) -> str | None:
+        """The rest of a proposal at this cursor when this request's prefix is its prefix plus a
+        start of it (waiting for a proposal still being decoded while what was typed agrees with it
+        so far); None when the model must be asked, after cancelling the dropped proposals of
+        `model` that then serve nobody."""
+        key = self._key(model, req)
+        if key is None or req.fim is None or (req.max_tokens is not None and req.max_tokens <= 0):
+            return None
+        while (p := self._serving(chain := self._last.get(key, []), req.fim.prefix)) is not None:
+            typed = typed_since(p.prefix, req.fim.prefix) or ""
+            if p.done:
+                self.stats["answered"] += 1
+                rest = p.text[len(typed):]
+                for q in chain[chain.index(p) + 1:]:
+                    if q.orphan:
+                        q.wanted()  # what is decoded on from it is wanted too
+                    elif q.complete and q.prefix == p.prefix + p.text:
+                        rest, p = rest + q.text, q  # and what was, with it
+                return rest
+            if p.orphan:
+                p.wanted()  # someone is still typing into it
+            if (lines := _whole_lines(p.text, typed)) is not None:
+                self.stats["answered"] += 1  # what an editor shows is here; the rest is still decoded
+                return lines
+            try:
+                await asyncio.wait_for(p.next_change(), JOIN_WAIT_S)
+            except TimeoutError:
+                break
+        self.drop_orphans(model)
+        return None
+
+    @staticmethod
+    def _serving(chain: list[Proposal], prefix: str) -> Proposal | None:
+        """The newest proposal that answers `prefix` (done) or may (still decoded, agreeing so far)."""
+        for p in reversed(chain):
+            typed = typed_since(p.prefix, prefix)
+            if typed is None or (not typed and not p.follows):  # the same request again: ask anew
+                continue
+            so_far = p.text
+            if not (so_far.startswith(typed) or typed.startswith(so_far)):
+                continue  # the person typed something else
+            if not p.done:
+                return p
+            if p.complete and len(so_far) > len(typed):
+                return p
+        return None
+
+    def begin(self, model: str, req: GenerationRequest, pieces: list[str], follows: bool = False) -> Proposal | None:
+        """A new proposal at this request's cursor, its text the list `pieces` as it is decoded;
+        `follows`: it goes on from where the last one there stopped (both are kept)."""
         key = self._key(model, req)
         if key is None or req.fim is None:
             return None
-        with self._lock:
-            last = self._last.get(key)
-        if last is None:
-            return None
-        prefix, text = last
-        typed = req.fim.prefix[len(prefix):] if req.fim.prefix.startswith(prefix) else None
-        if not typed or not text.startswith(typed) or len(text) == len(typed):
-            return None
-        rest = text[len(typed):]
-        if req.max_tokens is not None and req.max_tokens <= 0:
-            return None
-        self.hits += 1
-        return rest
+        p = Proposal(model, req.fim.prefix, pieces, follows, stats=self.stats)
+        chain = self._last.pop(key, [])
+        if not follows:
+            for old in chain:
+                old.cancel()
+            chain = []
+        chain.append(p)
+        for old in chain[:-MAX_CHAIN]:
+            old.cancel()
+        self._last[key] = chain[-MAX_CHAIN:]
+        while len(self._last) > self._size:
+            for old in self._last.popitem(last=False)[1]:
+                old.cancel()
+        return p
 
-    def put(self, model: str, req: GenerationRequest, text: str) -> None:
-        key = self._key(model, req)
-        if key is None or req.fim is None or not text:
-            return
-        with self._lock:
-            self._last[key] = (req.fim.prefix, text)
-            self._last.move_to_end(key)
-            while len(self._last) > self._size:
-                self._last.popitem(last=False)
+    def drop_orphans(self, model: str) -> None:
+        for chain in self._last.values():
+            for p in chain:
+                if p.model == model and p.orphan:
+                    p.cancel()

@@ -10,7 +10,7 @@ import ast
 import gc
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -74,33 +74,109 @@ def test_typing_the_proposal_is_answered_without_the_model(d: Daemon):
     assert again.headers["X-LLMD-Cache"] == "hit" and rest == first[3:], (first, rest)
 
 
-def test_a_cancelled_request_frees_its_slot_at_once(d: Daemon):
-    """An editor drops its request at the next keystroke: the engine stops within a step."""
+def _send_and_drop(d: Daemon, body: dict[str, object], after: Callable[[], None] = lambda: None) -> None:
+    """A request sent as an editor sends it and dropped as the next keystroke drops it (the
+    connection closes once `after` returns)."""
     import json
 
-    body = json.dumps({"model": QWEN, "input_prefix": "# a very long list of prime numbers\nprimes = [",
-                       "input_suffix": "", "n_predict": 2000, "temperature": 0}).encode()
+    raw = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", d.port))
     s.sendall(b"POST /infill HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: "
-              + str(len(body)).encode() + b"\r\n\r\n" + body)
-
-    def open_requests() -> int:
-        st = httpx.get(d.url + "/llmd/status", timeout=30).json()
-        return sum(m["open_requests"] for m in st["loaded"])
-
-    deadline = time.monotonic() + 60
-    while open_requests() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # decoding now
+              + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    after()
     s.close()
+
+
+def _open_requests(d: Daemon) -> int:
+    st = httpx.get(d.url + "/llmd/status", timeout=30).json()
+    return sum(m["open_requests"] for m in st["loaded"])
+
+
+def test_a_cancelled_request_frees_its_slot_at_once(d: Daemon):
+    """An editor drops its request at the next keystroke: what it asked for runs on only a moment
+    for the next keystroke (suggestions.ORPHAN_S), and a request it cannot serve stops it at once."""
+    long = {"model": QWEN, "input_prefix": "# a very long list of prime numbers\nprimes = [", "input_suffix": "",
+            "n_predict": 2000, "temperature": 0}
+
+    def decoding() -> None:
+        deadline = time.monotonic() + 60
+        while _open_requests(d) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # decoding now
+
+    _send_and_drop(d, long, decoding)
     t0 = time.monotonic()
-    while open_requests() and time.monotonic() - t0 < 60:
+    while _open_requests(d) and time.monotonic() - t0 < 60:
         time.sleep(0.05)
     gone = time.monotonic() - t0
-    # 2,000 tokens would take minutes here: the request ended with the connection
-    assert open_requests() == 0 and gone < 10, gone
-    done, r = fill(d, "/infill", PREFIX, SUFFIX)
+    # 2,000 tokens would take minutes here: it ran on for the next keystroke only, then ended
+    assert _open_requests(d) == 0 and gone < 10, gone
+    # dropped again, and this time another place is asked for at once: that request cancels it
+    before = httpx.get(d.url + "/llmd/status", timeout=30).json()["fim_proposals"]
+    assert before["ran_on"] >= 1 and before["expired"] >= 1
+    _send_and_drop(d, long, decoding)
+    done, r = fill(d, "/infill", PREFIX, SUFFIX)  # answered by the response cache: no engine work of its own
     assert r.status_code == 200 and done
+    after = httpx.get(d.url + "/llmd/status", timeout=30).json()["fim_proposals"]
+    # stopped for it, not left to run on until suggestions.ORPHAN_S
+    assert after["cancelled"] == before["cancelled"] + 1 and after["expired"] == before["expired"], after
+
+
+def test_a_dropped_completion_serves_the_next_keystroke(d: Daemon):
+    """Dropped while its prompt is still being read (an editor's next keystroke on two cores), the
+    completion runs on, and the request of the keystroke that types its start is answered from it."""
+    prefix = "def area(radius: float) -> float:\n    "
+    first, r = fill(d, "/infill", prefix, "\n", top_k=40)  # what the model proposes there (greedy)
+    assert r.status_code == 200 and len(first) > 4, first
+    # the same request under other settings (another entry), dropped at once
+    _send_and_drop(d, {"model": QWEN, "input_prefix": prefix, "input_suffix": "\n", "n_predict": 64,
+                       "temperature": 0, "n_indent": 4, "top_k": 41})
+    rest, again = fill(d, "/infill", prefix + first[:3], "\n", top_k=41)
+    # the rest of it (to the end of a complete line, when it is still being decoded)
+    assert again.headers["X-LLMD-Cache"] == "hit" and rest.strip() and first[3:].startswith(rest), (first, rest)
+
+
+def test_a_completion_is_decoded_on_past_its_reply_for_the_next_keystrokes(d: Daemon):
+    """The client gets n_predict tokens; the engine decodes on in the same slot, and typing all of
+    the reply is answered from what followed it, with no model step."""
+    prefix = "def squares(n: int) -> list[int]:\n    "
+    first, r = fill(d, "/infill", prefix, "\n", n_predict=6)
+    assert r.status_code == 200 and r.json()["timings"]["predicted_n"] == 6, r.json()
+    deadline = time.monotonic() + 60
+    while _open_requests(d) and time.monotonic() < deadline:  # the proposal decoding on
+        time.sleep(0.05)
+    rest, again = fill(d, "/infill", prefix + first, "\n", n_predict=6)
+    assert again.headers["X-LLMD-Cache"] == "hit" and rest.strip(), (first, rest)
+
+
+def test_an_editors_completion_goes_ahead_of_another_apps_long_prompt(d: Daemon):
+    """A chat's ~1,600-token prompt is being read when a completion comes: the completion's prompt
+    is read first (oldest first, it would wait for the chat's whole prompt) and it is answered
+    before the chat's first token."""
+    import threading
+    import uuid
+
+    words = " ".join(f"item{i}" for i in range(1000))
+    chat: dict[str, float] = {}
+
+    def long_chat() -> None:
+        r = httpx.post(d.url + "/v1/chat/completions", timeout=600, headers={"Cache-Control": "no-store"},
+                       json={"model": QWEN, "max_tokens": 1, "messages": [
+                           {"role": "user", "content": f"{uuid.uuid4().hex} Count these: {words}"}]})
+        assert r.status_code == 200, r.text
+        chat["done"] = time.monotonic()
+
+    t = threading.Thread(target=long_chat)
+    t.start()
+    deadline = time.monotonic() + 60
+    while _open_requests(d) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # its prompt is being read
+    body, r = fill(d, "/infill", f"# {uuid.uuid4().hex}\ndef double(x: int) -> int:\n    ", "\n", n_predict=2)
+    answered = time.monotonic()
+    t.join()
+    assert r.status_code == 200 and body, r.text
+    assert answered < chat["done"], (answered, chat["done"])
 
 
 def test_only_fim_models_say_they_fill_in_the_middle_and_others_get_a_400(d: Daemon):

@@ -1,8 +1,13 @@
 """The FIM prompt builder, where a completion ends, and the last-proposal store."""
 
+import asyncio
+
+import pytest
+
 from llmd.backends.base import FimPrompt, GenerationRequest, Sampling
 from llmd.chat.fim import Cut, FimTokens, cursor_indent, fim_tokens, ollama_template, spellings_in_vocab
-from llmd.daemon.suggestions import Suggestions
+from llmd.daemon import suggestions
+from llmd.daemon.suggestions import Proposal, Suggestions, typed_since
 
 QWEN = FimTokens(pre=1, suf=2, mid=3, rep=4, sep=5)
 
@@ -60,12 +65,113 @@ def _req(prefix: str, suffix: str = "\nreturn x\n") -> GenerationRequest:
     return GenerationRequest(id="r", fim=FimPrompt(prefix, suffix), sampling=Sampling(temperature=0.0))
 
 
+def _done(s: Suggestions, model: str, req: GenerationRequest, text: str) -> Proposal:
+    p = s.begin(model, req, [text])
+    assert p is not None
+    p.finish(True)
+    return p
+
+
 def test_typing_the_proposal_gives_the_rest_of_it():
-    s = Suggestions()
-    s.put("m", _req("def f(x):\n    "), "x = x + 1")
-    assert s.get("m", _req("def f(x):\n    x =")) == " x + 1"
-    assert s.get("m", _req("def f(x):\n    y")) is None  # typed something else
-    assert s.get("m", _req("def f(x):\n    x = x + 1")) is None  # typed all of it: nothing left
-    assert s.get("m", _req("def f(x):\n    x", suffix="\n")) is None  # other text after the cursor
-    assert s.get("other", _req("def f(x):\n    x")) is None
-    assert s.hits == 1
+    async def main() -> None:
+        s = Suggestions()
+        _done(s, "m", _req("def f(x):\n    "), "x = x + 1")
+        assert await s.answer("m", _req("def f(x):\n    x =")) == " x + 1"
+        assert await s.answer("m", _req("def f(x):\n    y")) is None  # typed something else
+        assert await s.answer("m", _req("def f(x):\n    x = x + 1")) is None  # typed all of it: nothing left
+        assert await s.answer("m", _req("def f(x):\n    x", suffix="\n")) is None  # other text after the cursor
+        assert await s.answer("other", _req("def f(x):\n    x")) is None
+        assert s.hits == 1
+        p = s.begin("m", _req("a\n"), ["b = 1"])
+        assert p is not None
+        p.finish(False)  # cut off (cancelled, failed): not an answer
+        assert await s.answer("m", _req("a\nb")) is None
+
+    asyncio.run(main())
+
+
+def test_an_editors_window_that_slid_down_a_line_still_matches():
+    old = "".join(f"line {i}\n" for i in range(48)) + "    x ="
+    new = "".join(f"line {i}\n" for i in range(1, 48)) + "    x = x + 1\n    y"
+    assert typed_since(old, new) == " x + 1\n    y"
+    assert typed_since(old, old + "z") == "z"
+    assert typed_since("a\nb\nc", "c and more") is None  # most of it gone: another place
+    assert typed_since(old, old[:-1]) is None  # deleted: not typing
+
+
+def test_a_request_joins_the_proposal_still_being_decoded_and_one_that_cannot_cancels_it():
+    async def main() -> None:
+        s = Suggestions()
+        pieces: list[str] = []
+        p = s.begin("m", _req("def f(x):\n    "), pieces)
+        assert p is not None
+        p.run_on(asyncio.ensure_future(asyncio.sleep(60)))  # its editor dropped it; it runs on
+        joined = asyncio.ensure_future(s.answer("m", _req("def f(x):\n    re")))
+        await asyncio.sleep(0.01)
+        assert not joined.done()  # nothing decoded yet: it waits
+        pieces.append("ret")
+        p.changed()
+        await asyncio.sleep(0.01)
+        assert not joined.done()
+        pieces.append("urn x")
+        p.finish(True)
+        assert await joined == "turn x"
+        # a proposal being decoded that disagrees with what was typed is cancelled for the new request
+        q = s.begin("m", _req("def f(x):\n    "), ["y = 2"])
+        assert q is not None
+        task = asyncio.ensure_future(asyncio.sleep(60))
+        q.run_on(task)
+        assert await s.answer("m", _req("def f(x):\n    z")) is None
+        await asyncio.sleep(0)
+        assert task.cancelled()
+
+    asyncio.run(main())
+
+
+def test_a_dropped_proposal_nobody_asks_for_is_cancelled(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(suggestions, "ORPHAN_S", 0.05)
+
+    async def main() -> None:
+        s = Suggestions()
+        p = s.begin("m", _req("x = "), [])
+        assert p is not None
+        task = asyncio.ensure_future(asyncio.sleep(60))
+        p.run_on(task)
+        await asyncio.sleep(0.2)
+        assert task.cancelled()
+
+    asyncio.run(main())
+
+
+def test_typing_past_the_end_of_a_proposal_is_answered_from_what_was_decoded_on_from_it():
+    async def main() -> None:
+        s = Suggestions()
+        _done(s, "m", _req("def f(x):\n    "), "y = x")
+        more = s.begin("m", _req("def f(x):\n    y = x"), [" + 1\n    return y"], follows=True)
+        assert more is not None
+        more.finish(True)
+        # within the first one: its rest, and what was decoded on from it
+        assert await s.answer("m", _req("def f(x):\n    y")) == " = x + 1\n    return y"
+        assert await s.answer("m", _req("def f(x):\n    y = x")) == " + 1\n    return y"  # all of it typed
+        assert await s.answer("m", _req("def f(x):\n    y = x + 1\n")) == "    return y"
+        _done(s, "m", _req("def f(x):\n    "), "z")  # a new proposal there: the chain is gone
+        assert await s.answer("m", _req("def f(x):\n    y = x + 1\n")) is None
+
+    asyncio.run(main())
+
+
+def test_a_request_waiting_for_a_proposal_is_answered_once_its_line_is_complete():
+    async def main() -> None:
+        s = Suggestions()
+        pieces = ["x = 1"]
+        p = s.begin("m", _req("def f():\n    "), pieces)
+        assert p is not None
+        joined = asyncio.ensure_future(s.answer("m", _req("def f():\n    x")))
+        await asyncio.sleep(0.01)
+        assert not joined.done()  # the line is not complete yet
+        pieces.append("\n    y = 2")
+        p.changed()
+        assert await joined == " = 1\n"  # shown to the end of its line while y's line is still decoded
+        assert not p.done
+
+    asyncio.run(main())

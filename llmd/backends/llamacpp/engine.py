@@ -343,8 +343,10 @@ class LlamaCppEngine:
         self._choose_threads()
         self._release_cancelled(events)
         self._admit(events)
+        # an editor's completion first (it is worth something only before the next keystroke), then
+        # oldest first
         prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling),
-                            key=lambda s: s.active.t_received)  # type: ignore[union-attr]
+                            key=lambda s: (s.active.req.fim is None, s.active.t_received))  # type: ignore[union-attr]
         decoding = [s for s in self.slots if s.active and not s.active.prefilling]
         if self.exact:
             if prefilling:  # one aligned chunk, alone in its decode, so its KV is batch-independent
@@ -391,6 +393,13 @@ class LlamaCppEngine:
             if slot.active and slot.active.cancelled:
                 self._finish(slot, "cancelled", events, flush=False)
 
+    def _next_waiting(self) -> tuple[GenerationRequest, float]:
+        """The oldest waiting editor completion (FIM) if any, else the oldest request."""
+        i = next((i for i, (req, _) in enumerate(self.waiting) if req.fim is not None), 0)
+        item = self.waiting[i]
+        del self.waiting[i]
+        return item
+
     def _admit(self, events: list[Event]) -> None:
         """Fill free slots: first requests whose prefix has been read from disk, then waiting ones.
         A waiting request whose prefix is on disk waits for the read off the step thread, in
@@ -402,7 +411,7 @@ class LlamaCppEngine:
                 active, read = done
                 hit = read.result() if read.exception() is None else None
             elif self.waiting:
-                req, t_received = self.waiting.popleft()
+                req, t_received = self._next_waiting()
                 try:
                     active = self._prepare(req, t_received)
                 except LlmdError as e:
@@ -729,6 +738,10 @@ class LlamaCppEngine:
             self._finish(slot, "stop", events, flush=False)
             return False
         a.pending = token
+        if a.n_gen >= a.max_tokens and a.req.propose_tokens > 0 and not a.proposing:
+            # the reply ends here; a FIM proposal decodes on in the same slot (no prompt computed again)
+            events.append(TokenEvent(a.req.id, "", 0, reply_end=self._usage(a)))
+            a.proposing, a.max_tokens = True, a.max_tokens + a.req.propose_tokens
         if a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= a.n_ctx:
             self._finish(slot, "length", events)
             return False
@@ -741,8 +754,22 @@ class LlamaCppEngine:
             rest = a.text.flush()
             if rest or a.logprobs:
                 events.append(TokenEvent(a.req.id, rest, 0, tuple(a.logprobs), dropped_messages=a.first_news()))
+        events.append(FinalEvent(a.req.id, reason, self._usage(a)))
+        a.sampler.close()
+        slot.active = None
+        slot.last_used = time.monotonic()
+        # anticipatory prefill, when idle: the next turn's header after the reply as the client got it
+        # (ended by the model, or cut at max_tokens: then its last token is not in the KV yet)
+        ends = [] if eog else [a.pending] if reason == "length" and a.pending is not None else None
+        if (ends is not None and not self.exact and a.req.messages is not None and not a.req.raw
+                and self._next_turn and len(slot.tokens) + len(ends) + len(self._next_turn) < a.n_ctx):
+            slot.tail = [*ends, *self._next_turn]
+        self.requests_done += 1
+
+    @staticmethod
+    def _usage(a: Active) -> Usage:
         t_end = a.t_last or time.perf_counter()
-        usage = Usage(
+        return Usage(
             prompt_tokens=len(a.prompt),
             completion_tokens=a.n_gen,
             cached_tokens=a.cached,
@@ -754,17 +781,6 @@ class LlamaCppEngine:
             accepted_tokens=a.accepted,
             dropped_messages=a.dropped,
         )
-        events.append(FinalEvent(a.req.id, reason, usage))
-        a.sampler.close()
-        slot.active = None
-        slot.last_used = time.monotonic()
-        # anticipatory prefill, when idle: the next turn's header after the reply as the client got it
-        # (ended by the model, or cut at max_tokens: then its last token is not in the KV yet)
-        ends = [] if eog else [a.pending] if reason == "length" and a.pending is not None else None
-        if (ends is not None and not self.exact and a.req.messages is not None and not a.req.raw
-                and self._next_turn and len(slot.tokens) + len(ends) + len(self._next_turn) < a.n_ctx):
-            slot.tail = [*ends, *self._next_turn]
-        self.requests_done += 1
 
     def _fail(self, slot: Slot, events: list[Event], message: str) -> None:
         a = slot.active

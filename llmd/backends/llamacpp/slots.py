@@ -50,6 +50,7 @@ class Active:
     logprobs: list[Any] = field(default_factory=list)  # sampled since the last event, when asked for
     dropped: int = 0  # old messages left out to fit (req.drop_old_messages)
     told: bool = False  # an event has gone out (the first one carries `dropped`)
+    proposing: bool = False  # past the reply's max_tokens, decoding on for the proposal (req.propose_tokens)
 
     def first_news(self) -> int:
         """`dropped` on the request's first event, 0 after."""

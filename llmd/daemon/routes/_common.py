@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from llmd.chat.schema import MAX_BOUND, loosen
 from llmd.daemon.arrivals import admission_of
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.daemon.scheduler import Admission
+from llmd.daemon.suggestions import Proposal
 from llmd.errors import BadRequest, ClientGone, LlmdError
 from llmd.models.hub import is_hub_ref
 
@@ -38,6 +40,7 @@ _log = logging.getLogger("llmd.requests")
 # KEEPALIVE_S until the first token, so no client sits on a silent connection for minutes
 # (Codex gives up on a stream idle for 300 s; an 8.6k-token prompt takes about 220 s on two cores).
 FIRST_EVENT_WAIT_S = 10.0
+PROPOSE_TOKENS = 64  # at most this many more tokens of a FIM completion decoded on past the reply
 KEEPALIVE_S = 10.0
 
 
@@ -171,6 +174,9 @@ class Run:
     tool_calls: list[Any] = field(default_factory=list)  # StructuredCall: calls a remote upstream parsed
     backend: str = "llama.cpp"  # the engine that serves the model (metric label, cache key)
     pending: asyncio.Future[Event] | None = None  # the first event, when the stream started without it
+    proposal: Proposal | None = None  # a FIM completion: kept for the next keystroke (daemon.suggestions)
+    reply_len: int | None = None  # pieces of `text` that are the reply, when the engine decoded on past it
+    end: FinalEvent | None = None  # the engine's own end (`final` is the reply's, which may come before)
 
     def __aiter__(self) -> AsyncIterator[Event | KeepAlive]:
         return self._iter()
@@ -198,10 +204,16 @@ class Run:
                     self.text.append(ev.text)
                     self.logprobs.extend(ev.logprobs)
                     self.tool_calls.extend(ev.tool_calls)
+                    if ev.reply_end is not None:  # the reply ends here; the rest is the proposal's
+                        self.reply_len, self.final = len(self.text), FinalEvent(self.req.id, "length", ev.reply_end)
+                    if self.proposal is not None:
+                        self.proposal.changed()
                 elif isinstance(ev, FinalEvent):
-                    self.final = ev
+                    self.end = ev
+                    if self.final is None:
+                        self.final = ev
                 yield ev
-                if self.final is not None:
+                if self.end is not None:
                     outcome = "ok"
                     if self.on_done is not None:
                         asyncio.get_running_loop().call_soon(self.on_done, self)
@@ -211,6 +223,8 @@ class Run:
             outcome = "error"
             raise
         finally:
+            if self.proposal is not None:
+                self.proposal.finish(self.end is not None and self.end.finish_reason in ("stop", "length"))
             if self.pending is not None and not self.pending.done():  # the client left while waiting
                 self.pending.cancel()
                 with contextlib.suppress(BaseException):
@@ -262,16 +276,44 @@ class Run:
             out["X-LLMD-Ignored"] = ", ".join(ignored)
         return out
 
+    async def drain(self) -> None:
+        async for _ in self:
+            pass
+
     async def collect(self, request: Request | None = None) -> tuple[str, FinalEvent]:
         """The whole reply. With `request`, a client that hangs up before it is done cancels the
-        generation (as a closed stream does), instead of leaving it to run for nobody."""
-        async def drain() -> None:
-            async for _ in self:
-                pass
-
-        await (drain() if request is None else while_connected(request, drain()))
+        generation (as a closed stream does), instead of leaving it to run for nobody; but a FIM
+        completion runs on for a moment, for the editor's next keystroke (daemon.suggestions)."""
+        if request is None:
+            await self.drain()
+        elif self.proposal is not None:
+            task = asyncio.ensure_future(self.drain())
+            try:
+                await while_connected(request, self._reply(task))
+            finally:
+                if not task.done():  # the client left, or has its reply: the rest is the proposal's
+                    self.proposal.run_on(task)
+        else:
+            await while_connected(request, self.drain())
         assert self.final is not None
-        return "".join(self.text), self.final
+        return self.reply_text, self.final
+
+    async def _reply(self, task: asyncio.Future[None]) -> None:
+        """Until the reply is complete: the engine's end, or where it said the reply ends (a FIM
+        proposal decodes on past it)."""
+        assert self.proposal is not None
+        while self.final is None and not task.done():
+            change = asyncio.ensure_future(self.proposal.next_change())
+            try:
+                await asyncio.wait({task, change}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                change.cancel()
+        if self.final is None:
+            task.result()  # its error
+
+    @property
+    def reply_text(self) -> str:
+        return "".join(self.text if self.reply_len is None else self.text[:self.reply_len])
 
     @property
     def usage(self) -> Usage:
@@ -387,10 +429,13 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     if not req.speculation:
         req = replace(req, speculation=scheduler.speculation)
     t_start = time.perf_counter()
-    if req.fim is not None and req.cache_prompt and (rest := state.suggestions.get(name, req)) is not None:
+    if req.fim is not None and req.cache_prompt and (rest := await state.suggestions.answer(name, req)) is not None:
         # the person typed the start of the last proposal: the rest of it is the answer, no model step
         events = _replay(req, Cached([rest], "stop", Usage(0, 0, 0, 0.0, 0.0, 0.0), ()))
         return Run(req, name, events, await events.__anext__(), t_start, cache="hit", request=request)
+    if req.fim is not None and req.cache_prompt and await request.is_disconnected():
+        # a later keystroke's request came while this one waited for a proposal: it asks for nothing
+        raise ClientGone("the client closed the connection before its completion was started")
     cache = state.response_cache
     key = None
     status = "bypass"
@@ -408,19 +453,35 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
             cache.misses += 1
     elif cache is not None:
         cache.bypasses += 1
+    text: list[str] = []
+    proposal = state.suggestions.begin(name, req, text) if req.fim is not None and req.cache_prompt else None
+    if proposal is not None and wait is None and req.max_tokens:  # decoded on past the reply, for the next keystrokes
+        req = replace(req, propose_tokens=min(req.max_tokens, PROPOSE_TOKENS))
     events = scheduler.generate(name, req, admission)
     coming: asyncio.Future[Event] = asyncio.ensure_future(events.__anext__())
+    if proposal is not None:  # refused or failed before its first token: nobody waits on it
+        coming.add_done_callback(lambda f: proposal.finish(False) if f.cancelled() or f.exception() else None)
+    # an editor drops its request at the next keystroke, most often while the prompt is still read
+    gone = asyncio.ensure_future(_disconnected(request)) if proposal is not None and wait is None else None
+    watched: set[asyncio.Future[Any]] = {coming} if gone is None else {coming, gone}
     try:
-        await asyncio.wait({coming}, timeout=wait)
+        await asyncio.wait(watched, timeout=wait,
+                           return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # the client left (the task running the route was cancelled)
         coming.cancel()
         raise
+    finally:
+        if gone is not None:
+            gone.cancel()
     done = coming.done()
     run = Run(req, name, events, coming.result() if done else None, t_start, admission, cache=status, cache_key=key,
-              request=request, pending=None if done else coming)
+              request=request, pending=None if done else coming, text=text, proposal=proposal)
+    if proposal is not None and not done:  # dropped: it runs on to fill the proposal for the next keystroke
+        proposal.run_on(asyncio.ensure_future(run.drain()))
+        raise ClientGone("the client closed the connection; its completion is kept for the next keystroke")
     after: list[Callable[[Run], Any]] = []
-    if req.fim is not None:  # what was proposed at this cursor, for the next keystroke
-        after.append(lambda r: state.suggestions.put(name, req, "".join(r.text)))
+    if proposal is not None:
+        after.append(lambda r: _go_on(request, name, r))
     if keyed:
         def store(r: Run) -> Any:
             if r.cache_key is None and (served := _served(request, name)) is not None:
@@ -430,6 +491,24 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     if after:
         run.on_done = lambda r: [f(r) for f in after]
     return run
+
+
+def _go_on(request: Request, name: str, run: Run) -> None:
+    """A FIM completion that stopped at its token limit goes on, in the background, from where it
+    stopped: a person typing what it proposed reaches its end, and is answered from what follows
+    (daemon.suggestions; cancelled as soon as a request it cannot serve comes)."""
+    req, state = run.req, request.app.state
+    text = "".join(run.text)
+    if run.end is None or run.end.finish_reason != "length" or not text or req.fim is None:
+        return
+    nreq = replace(req, id=uuid.uuid4().hex, fim=replace(req.fim, prefix=req.fim.prefix + text))
+    pieces: list[str] = []
+    proposal = state.suggestions.begin(name, nreq, pieces, follows=True)
+    events = state.scheduler.generate(name, nreq)
+    more = Run(nreq, name, events, None, time.perf_counter(), pending=asyncio.ensure_future(events.__anext__()),
+               text=pieces, proposal=proposal, on_done=lambda r: _go_on(request, name, r))
+    if proposal is not None:
+        proposal.run_on(asyncio.ensure_future(more.drain()))
 
 
 def _served(request: Request, name: str) -> dict[str, Any] | None:
@@ -456,7 +535,8 @@ def _store(cache: Any, run: Run) -> None:
     if run.admission.fallback:  # another model's reply: not the remote model's to replay
         return
     try:
-        cache.put(run.cache_key, run.model, run.text, final.finish_reason, final.usage, run.tool_calls)
+        cache.put(run.cache_key, run.model, run.text[:run.reply_len] if run.reply_len is not None else run.text,
+                  final.finish_reason, final.usage, run.tool_calls)
     except Exception:  # a full disk must not break serving
         import logging
 

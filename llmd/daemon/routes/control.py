@@ -93,6 +93,7 @@ async def status(request: Request) -> Response:
         "machine": scheduler.probe.as_dict() if scheduler.probe else None,
         "memory_available": available_bytes(),
         "dropped_messages": dict(app.state.metrics.dropped_by_model),  # by model, to fit (Ollama's API)
+        "fim_proposals": dict(app.state.suggestions.stats),  # editors' completions (daemon.suggestions)
         **await app.state.scheduler.status(),
     }
     return JSONResponse(body)
