@@ -5,8 +5,9 @@ A Hermes call (Qwen, Hermes and the many templates that copy them) is
 and the start of the arguments are in, the call can be announced and its arguments streamed as
 they come, as OpenAI and vLLM stream them, instead of holding the whole reply to its end. A bare
 call object without the tags (Qwen2.5-Coder writes its calls so more often than not) counts too,
-and so does one in a ```json code fence (its way in Claude Code's long prompts). A reply
-that strays from this shape is not streamed (None): it is parsed whole at the end, as before.
+and so does one in a ```json code fence (its way in Claude Code's long prompts); text after
+such a call is content. A reply that strays from this shape is not streamed (None): it is parsed
+whole at the end, as before.
 """
 
 from __future__ import annotations
@@ -105,10 +106,10 @@ def hermes_progress(text: str) -> list[CallProgress] | None:
         if not tail.startswith("}"):
             return None
         after = tail[1:].lstrip()
-        if fence is not None:  # one call object, and the fence's end
-            return out if "```".startswith(after) else None
-        if bare:  # one call object, and nothing after it
-            return out if not after else None
+        if fence is not None:  # one call object, the fence's end, and maybe text after it (content)
+            return out if "```".startswith(after) or after.startswith("```") else None
+        if bare:  # one call object; text after it is content (parse_calls gives it so at the end)
+            return out
         if not after.startswith(_CLOSE):
             return out if _CLOSE.startswith(after) else None
         pos = len(text) - len(after) + len(_CLOSE)

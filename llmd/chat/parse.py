@@ -181,6 +181,27 @@ def _python_tag_call(text: str) -> list[ToolCall] | None:
     return [c] if c else None
 
 
+_LEADING_FENCE = re.compile(r"\s*```(?:json)?[ \t]*\n")
+
+
+def _leading_call(text: str) -> tuple[list[ToolCall], str] | None:
+    """A call object that starts the reply, bare or in a ```json fence, with text after it: the
+    call, and that text as content. Qwen2.5-Coder often explains a fenced call after it; the call
+    was streamed as decoded (call_stream), so it must not turn back into text at the end."""
+    fence = _LEADING_FENCE.match(text)
+    start = fence.end() if fence else len(text) - len(text.lstrip())
+    parsed = _json_prefix(text[start:]) if text[start:start + 1] == "{" else None
+    calls = _calls_from_json(parsed[0]) if parsed else None
+    if not calls or parsed is None:
+        return None
+    rest = text[start + parsed[1]:].lstrip()
+    if fence:
+        if not rest.startswith("```"):
+            return None
+        rest = rest[3:]
+    return calls, rest.strip()
+
+
 def parse_calls(fmt: ChatFormat, text: str) -> tuple[list[ToolCall], str]:
     """The calls in a whole reply and the content left around them; ([], text) when none parse."""
     body = _strip_fence(text)
@@ -192,6 +213,8 @@ def parse_calls(fmt: ChatFormat, text: str) -> tuple[list[ToolCall], str]:
         whole_calls = _calls_from_json(obj)
         if whole_calls:
             return whole_calls, ""
+    if fmt.tools == "hermes" and "<tool_call>" not in text and (lead := _leading_call(text)) is not None:
+        return lead
     if fmt.tools == "hermes" and "<tool_call>" in text:
         calls: list[ToolCall] = []
         rest: list[str] = []

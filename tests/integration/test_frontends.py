@@ -94,7 +94,7 @@ def timed(app: str, step: str, t0: float) -> None:
 
 
 @needs(BIN / "claude")
-@pytest.mark.timeout(2400)  # its cold ~12k-token prefill is 5-6 min here, then up to seventeen warm runs
+@pytest.mark.timeout(3000)  # its cold ~12k-token prefill is 5-6 min here, then up to 25 warm runs
 def test_claude_code_answers_writes_a_file_and_reads_one(rec: Recorder, tmp_path: Path):
     """Claude Code unchanged on the 1.5B: a plain answer, a file written through its Write tool, and
     a file read through its Read tool and answered from (the tool result fed back). Its first
@@ -114,10 +114,10 @@ def test_claude_code_answers_writes_a_file_and_reads_one(rec: Recorder, tmp_path
     def attempts(prompt: str, tool: str, done: Callable[[subprocess.CompletedProcess, list[bytes]], bool],
                  step: str) -> None:
         """Claude Code samples at temperature 1 (its API's default; llmd cuts the tail as
-        llama-server does): on a 1.5B model a Read call came in about half the runs measured, so a
-        task gets up to eight tries (0.5 ** 8: one CI run in 256 fails); each must run clean, one
-        must do it."""
-        for i in range(8):
+        llama-server does): on a 1.5B model a Read call came in about half the runs measured (4 of 8
+        on the recorded request, Intel Xeon), so a task gets up to twelve tries (0.5 ** 12); each
+        must run clean, one must do it."""
+        for i in range(12):
             t0, seen = time.monotonic(), len(rec.bodies)
             r = run([claude, "-p", prompt, "--allowedTools", tool], work, env)
             timed("claude", f"{step} (try {i + 1})", t0)

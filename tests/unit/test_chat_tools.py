@@ -233,6 +233,22 @@ def test_a_call_in_a_json_code_fence_streams_too():
     assert q.parse("```python\nprint(1)\n```").content == "```python\nprint(1)\n```" and q.n_streamed == 0
 
 
+@pytest.mark.parametrize("text", [
+    '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```\n\nThis looks up the weather.',
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}\nThis looks up the weather.'])
+def test_text_after_a_streamed_call_is_content_and_the_call_stays(text: str):
+    """Recorded in a CI run of Claude Code: a fenced call, then an explanation. The call went out
+    as it was decoded; at the end the reply was neither call nor text (both dropped)."""
+    p = ReplyParser(detect(HERMES), TOOLS, stream_calls=True)
+    pieces = [c for ch in text for c in p.feed(ch).call_deltas]
+    end = p.finish()
+    assert pieces[0].name == "get_weather" and [c.id for c in end.tool_calls] == [pieces[0].id]
+    assert json.loads(end.tool_calls[0].arguments) == {"city": "Oslo"}
+    assert end.content == "This looks up the weather."
+    whole = ReplyParser(detect(HERMES), TOOLS).parse(text)  # the same without streaming
+    assert [c.name for c in whole.tool_calls] == ["get_weather"] and whole.content == "This looks up the weather."
+
+
 def test_a_call_that_strays_from_the_shape_is_parsed_whole():
     p = ReplyParser(detect(HERMES), TOOLS, stream_calls=True)
     d = p.feed('<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>')
