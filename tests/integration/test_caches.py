@@ -160,12 +160,15 @@ def test_a_damaged_prefix_entry_is_ignored_and_dropped(tmp_path: Path, damage: s
     finally:
         d.stop()
     data = bytearray(f.read_bytes())
+    written = b""
     if damage == "flip":
         for i in range(len(data) - 5000, len(data) - 4000):
             data[i] ^= 0xFF
-        f.write_bytes(bytes(data))
+        written = bytes(data)
     elif damage == "truncate":
-        f.write_bytes(bytes(data[: len(data) // 2]))
+        written = bytes(data[: len(data) // 2])
+    if written:
+        f.write_bytes(written)
     else:
         f.unlink()
     d = Daemon(home, env=ENV1, port=d.port).start()
@@ -176,7 +179,9 @@ def test_a_damaged_prefix_entry_is_ignored_and_dropped(tmp_path: Path, damage: s
         db = sqlite3.connect(home / "cache" / "prefix" / "index.db")
         stale = db.execute("select count(*) from entries where id = ?", [f.stem]).fetchone()[0]
         db.close()
-        assert stale == 0 or (f.exists() and damage == "delete")  # the damaged entry is gone from the index
+        # the damaged entry is gone from the index, or an idle snapshot of the same prompt wrote it
+        # again whole (same id) before this look (seen once in a run)
+        assert stale == 0 or (f.exists() and f.read_bytes() != written)
     finally:
         d.stop()
 
