@@ -21,7 +21,7 @@ _CLOSE = "</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _NAME = re.compile(r'\{"name":"(?:[^"\\]|\\.)*')  # on text with whitespace removed
 # a bare call in a Markdown code fence (Qwen2.5-Coder's way in long agent prompts): ```json\n{...}\n```
-_FENCE = re.compile(r"\s*```(?:json)?[ \t]*\n")
+FENCE = re.compile(r"\s*```(?:json)?[ \t]*\n")
 
 
 def _may_become_head(text: str) -> bool:
@@ -71,7 +71,7 @@ def hermes_progress(text: str) -> list[CallProgress] | None:
     writes its call without the tags); None when it is not in a shape that can be streamed (the
     caller then holds the reply and parses it whole)."""
     out: list[CallProgress] = []
-    fence = _FENCE.match(text)
+    fence = FENCE.match(text)
     if fence is None and text.lstrip() and "```json".startswith(text.lstrip()):
         return out  # a fence's first line still being written
     bare = fence is not None or text.lstrip().startswith("{")

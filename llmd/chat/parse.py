@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmd.chat.call_stream import hermes_progress
+from llmd.chat.call_stream import FENCE, hermes_progress
 from llmd.chat.formats import ChatFormat
 
 _MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "gemma": ("<start_function_call>", "<|tool_call>"),
@@ -181,14 +181,11 @@ def _python_tag_call(text: str) -> list[ToolCall] | None:
     return [c] if c else None
 
 
-_LEADING_FENCE = re.compile(r"\s*```(?:json)?[ \t]*\n")
-
-
 def _leading_call(text: str) -> tuple[list[ToolCall], str] | None:
     """A call object that starts the reply, bare or in a ```json fence, with text after it: the
     call, and that text as content. Qwen2.5-Coder often explains a fenced call after it; the call
     was streamed as decoded (call_stream), so it must not turn back into text at the end."""
-    fence = _LEADING_FENCE.match(text)
+    fence = FENCE.match(text)
     start = fence.end() if fence else len(text) - len(text.lstrip())
     parsed = _json_prefix(text[start:]) if text[start:start + 1] == "{" else None
     calls = _calls_from_json(parsed[0]) if parsed else None
