@@ -48,6 +48,9 @@ def engine_class(backend: str) -> Any:
 
 
 COALESCE_S = 0.03  # the longest a first batch waits for requests that arrived with it
+# after a step given up for a newcomer (the engine's JOIN_S): the daemon flags a request before its
+# writer thread has sent it, so the worker waits this long for it rather than step without it
+YIELD_WAIT_S = 0.01
 
 
 def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any = None) -> None:
@@ -91,7 +94,7 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
     try:
         while True:
             idle = not engine.has_work()
-            timeout = None if idle else 0.0
+            timeout = None if idle else (YIELD_WAIT_S if getattr(engine, "yielded", False) else 0.0)
             hold_until = 0.0
             if urgent is not None:
                 urgent.clear()

@@ -69,10 +69,10 @@ def quantize(p: Plan, progress: Callable[[float], None] | None = None, threads: 
     """Write p.dst atomically (temp name, rename); progress gets the fraction written so far."""
     import llama_cpp as L
 
-    L.llama_backend_init()
-    from llama_cpp._logger import set_verbose
+    from llmd.backends.llamacpp.context import quiet_llama_log
 
-    set_verbose(False)
+    L.llama_backend_init()
+    quiet_llama_log()
     params = L.llama_model_quantize_default_params()
     params.ftype = TYPES[p.qtype][0]
     params.allow_requantize = True

@@ -225,3 +225,26 @@ def test_a_shared_system_prompt_is_copied_from_the_slot_that_holds_it(fast8: Dae
     for text, usage in got:
         assert usage["prompt_tokens_details"]["cached_tokens"] >= system_tokens, usage
         assert "Paris" in text, got
+
+
+def test_a_request_sent_moments_after_another_shares_its_first_step(fast8: Daemon):
+    """Requests sent together reach the engine tens of milliseconds apart. The first one's step,
+    begun alone, is given up when the second arrives within JOIN_S (its KV removed, the abort
+    cleaned up), and the next step prefills both: both answer whole, and the worker counts it."""
+    long_prompt = "Summarize this: " + "The river flows past the old mill and under the stone bridge. " * 120
+    for attempt in range(4):  # the second request must arrive inside the window: a busy machine may miss it
+        before = worker_stats(fast8.url)["stats"]["joins"]
+        with cf.ThreadPoolExecutor(2) as pool:
+            long = pool.submit(chat, fast8.url, f"Attempt {attempt}.", long_prompt, 8)
+            time.sleep(0.015)
+            short = pool.submit(chat, fast8.url, f"Attempt {attempt}.", "Name a colour.", 8)
+            (long_text, long_usage), (short_text, _) = long.result(), short.result()
+        assert long_text and short_text
+        assert long_usage["prompt_tokens"] > 1200, long_usage
+        if worker_stats(fast8.url)["stats"]["joins"] > before:
+            break
+    else:
+        pytest.fail("no step was given up for a request sent 15 ms after another in four tries")
+    # the slot's KV is whole after the abort: the same long prompt again is served from it
+    _, again = chat(fast8.url, f"Attempt {attempt}.", long_prompt, 8)
+    assert again["prompt_tokens_details"]["cached_tokens"] >= long_usage["prompt_tokens"] - 2, again

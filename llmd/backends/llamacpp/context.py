@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -54,15 +55,41 @@ def release_mapped(path: str) -> int:
     return advised
 
 
+_LOG_ERROR, _LOG_CONT = 4, 5  # ggml_log_level in llama.cpp 0.3.36 (NONE 0, DEBUG 1, INFO 2, WARN 3)
+# what llama.cpp logs as errors when a decode was aborted on purpose (idle work, a step given up for
+# a newcomer: ggml status 1 is GGML_STATUS_ABORTED, llama_decode's 2 the same)
+_ABORTED = (b"failed with error 1\n", b"compute status: 1\n", b"failed to decode, ret = 2\n")
+_log_state: dict[str, Any] = {"error": False, "callback": None}
+
+
+def quiet_llama_log() -> None:
+    """llama.cpp's errors to stderr, nothing else. llama-cpp-python's own filter maps the levels of an
+    older ggml (WARN was 2, ERROR 3): with verbose off it printed every warning (one per load, one per
+    decode given up for a newcomer) and dropped the errors."""
+    import llama_cpp as L
+
+    if _log_state["callback"] is not None:
+        return
+
+    def log(level: int, text: bytes, _data: ctypes.c_void_p) -> None:
+        if level != _LOG_CONT:
+            _log_state["error"] = level == _LOG_ERROR
+        if _log_state["error"] and not any(line in text for line in _ABORTED):
+            sys.stderr.write(text.decode("utf-8", "replace"))
+            sys.stderr.flush()
+
+    _log_state["callback"] = L.llama_log_callback(log)  # kept: llama.cpp holds only the pointer
+    L.llama_log_set(_log_state["callback"], ctypes.c_void_p(0))
+
+
 def load_model(path: str, gpu_layers: int = 0, repack: bool = True, what: str = "") -> Any:
     """A llama_model pointer; EngineError naming the file when llama.cpp refuses it."""
     import llama_cpp as L
-    from llama_cpp._logger import set_verbose
 
     if os.environ.get(CRASH_ENV) == "hang-load":  # test switch: a load that never returns
         time.sleep(3600)
     L.llama_backend_init()
-    set_verbose(False)  # llama.cpp prints every load to stderr otherwise; keep errors
+    quiet_llama_log()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = gpu_layers
     mp.use_extra_bufts = repack  # weight repacking (AMX and others): off where it crashed

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
@@ -79,6 +79,12 @@ log = logging.getLogger("llmd.engine")
 SHIFT_MIN_RUN = 64
 PREFILL_THREADS_MIN = 32  # a step with at least this many tokens runs on every thread (_threads_for)
 STEP_BACKOFF_MAX_S = 2.0  # the longest pause after engine steps that failed in a row (step)
+# Requests sent together reach the engine spread over tens of milliseconds (four clients, each on a
+# new connection: 0, 8, 24 and 32 ms), and the first one, alone in an idle engine, was prefilled
+# alone while the others waited for that whole step and then took one of their own. For this long
+# after the first request of a burst, a step yields to a newcomer (aborted, its KV removed) and
+# the next one takes them all: a lone request never waits, a burst loses at most this much work.
+JOIN_S = 0.05
 
 
 def _key(path: str) -> bytes:
@@ -172,6 +178,11 @@ class LlamaCppEngine:
         self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
         self.heartbeat: Callable[[], None] | None = None  # set by the worker: "still working" for long calls
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
+        self._join_until = 0.0  # a step started before this yields to a newcomer (JOIN_S)
+        self._join_cb = L.ggml_abort_callback(
+            lambda _data: time.perf_counter() < self._join_until and bool(self.interrupt and self.interrupt()))
+        self.yielded = False  # the last step was given up for a newcomer: the worker waits for it a moment
+        self.joins = 0  # steps given up so that requests that arrived together share one
         self.prefix = (PrefixCache(cfg.prefix_dir, cfg.prefix_max_bytes, cfg.prefix_ram_bytes, cfg.model_digest,
                                    cfg.chunk, cfg.exact, cfg.prefix_min_tokens, _key(cfg.prefix_key_file))
                        if cfg.model_digest else None)
@@ -280,6 +291,7 @@ class LlamaCppEngine:
             "speculation": self.spec.stats(),
             "prefix_cache": self.prefix.info() if self.prefix is not None else {"enabled": False},
             "kv_copies": self.copier.info(),
+            "joins": self.joins,
             "profile": self.profiler.summary(),
         }
 
@@ -342,7 +354,11 @@ class LlamaCppEngine:
         t0 = time.perf_counter()
         self._choose_threads()
         self._release_cancelled(events)
+        was_idle = not any(s.active for s in self.slots)
         self._admit(events)
+        if was_idle and any(s.active for s in self.slots):
+            self._join_until = t0 + JOIN_S
+        self.yielded = False
         # an editor's completion first (it is worth something only before the next keystroke), then
         # oldest first
         prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling),
@@ -401,61 +417,87 @@ class LlamaCppEngine:
         return item
 
     def _admit(self, events: list[Event]) -> None:
-        """Fill free slots: first requests whose prefix has been read from disk, then waiting ones.
-        A waiting request whose prefix is on disk waits for the read off the step thread, in
-        `reading`, while the other slots go on."""
+        """Fill free slots: first requests whose prefix has been read from disk, then waiting ones,
+        as many at once as there are free slots, so each goes to the slot that holds most of its
+        prompt. A waiting request whose prefix is on disk waits for the read off the step thread,
+        in `reading`, while the other slots go on."""
         while self._free():
-            done = next((r for r in self.reading if r[1].done()), None)
-            if done is not None:
-                self.reading.remove(done)
-                active, read = done
-                hit = read.result() if read.exception() is None else None
-            elif self.waiting:
-                req, t_received = self._next_waiting()
-                try:
-                    active = self._prepare(req, t_received)
-                except LlmdError as e:
-                    events.append(ErrorEvent(req.id, e.to_wire()))
-                    continue
-                except Exception as e:  # a bug or a llama.cpp failure: fail this request, keep serving
-                    log.exception("preparing request %s failed", req.id)
-                    events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
-                    continue
-                found = self._lookup(active)
-                if isinstance(found, Future):
-                    self.reading.append((active, found))
-                    continue
-                hit = found
-            else:
-                return
-            slot = None
+            ready = self._ready(events)
+            if not ready:
+                if not self.waiting:
+                    return
+                continue  # this group failed to prepare or went to disk reads: the next waiting ones
+            holders = {id(a): self._holder(a) for a, _ in ready}
+            for i, (active, hit) in enumerate(ready):
+                # slots another request of this group holds more of its prompt in are left to it
+                mine = holders[id(active)]
+                avoid = {h for a, _ in ready[i + 1:] if (h := holders[id(a)]) is not None and h != mine}
+                self._admit_one(active, hit, events, avoid)
+
+    def _ready(self, events: list[Event]) -> list[tuple[Active, Hit | None]]:
+        """A request whose prefix was read from disk, or up to as many waiting requests as there are
+        free slots, prepared, with their prefix cache entries (those read from disk go to `reading`)."""
+        done = next((r for r in self.reading if r[1].done()), None)
+        if done is not None:
+            self.reading.remove(done)
+            active, read = done
+            return [(active, read.result() if read.exception() is None else None)]
+        ready: list[tuple[Active, Hit | None]] = []
+        for _ in range(min(len(self._free()), len(self.waiting))):
+            req, t_received = self._next_waiting()
             try:
-                slot, reuse = self._place(active, hit)
-                if active.req.fim is not None and active.req.cache_prompt and not self.exact and self._can_shift:
-                    # an editor's window slid down a line: the KV of the lines it kept, moved
-                    reuse = slot.reuse_shifted(self._L, self.mem, active.prompt, reuse, SHIFT_MIN_RUN)
-                else:
-                    slot.truncate(self._L, self.mem, reuse)
-                if not self.exact and active.req.cache_prompt:  # another slot may hold more of the prompt
-                    donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable)
-                    if donor is not None and self.copier.copy(self._L, self.ctx, self.mem, donor[0], slot, donor[1]):
-                        reuse = donor[1]
-                    elif donor is not None:  # refused: the slot was emptied, its prompt is computed
-                        reuse = 0
-            except Exception as e:  # this request's placement failed: it is answered, no other is
-                log.exception("placing request %s in a slot failed", active.req.id)
-                if slot is not None:
-                    slot.active = active
-                    self._fail(slot, events, f"the engine failed to place the request ({type(e).__name__}: {e}); "
-                                             "the model goes on serving: retry the request")
-                else:
-                    active.sampler.close()
-                    events.append(ErrorEvent(active.req.id, EngineError(
-                        f"the engine failed to place the request ({type(e).__name__}: {e}); retry the request").to_wire()))
+                active = self._prepare(req, t_received)
+            except LlmdError as e:
+                events.append(ErrorEvent(req.id, e.to_wire()))
                 continue
-            active.cached = active.pos = reuse
-            active.t_admitted = time.perf_counter()
-            slot.active = active
+            except Exception as e:  # a bug or a llama.cpp failure: fail this request, keep serving
+                log.exception("preparing request %s failed", req.id)
+                events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
+                continue
+            found = self._lookup(active)
+            if isinstance(found, Future):
+                self.reading.append((active, found))
+            else:
+                ready.append((active, found))
+        return ready
+
+    def _holder(self, active: Active) -> int | None:
+        """The free slot whose own KV serves the most of the request's prompt, when it serves more
+        than every other free slot does."""
+        if not active.req.cache_prompt:
+            return None
+        got = sorted(((self._reusable(s, active.prompt), s.seq) for s in self._free()), reverse=True)
+        return got[0][1] if got and (len(got) == 1 or got[0][0] > got[1][0]) else None
+
+    def _admit_one(self, active: Active, hit: Hit | None, events: list[Event], avoid: set[int]) -> None:
+        slot = None
+        try:
+            slot, reuse = self._place(active, hit, avoid)
+            if active.req.fim is not None and active.req.cache_prompt and not self.exact and self._can_shift:
+                # an editor's window slid down a line: the KV of the lines it kept, moved
+                reuse = slot.reuse_shifted(self._L, self.mem, active.prompt, reuse, SHIFT_MIN_RUN)
+            else:
+                slot.truncate(self._L, self.mem, reuse)
+            if not self.exact and active.req.cache_prompt:  # another slot may hold more of the prompt
+                donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable)
+                if donor is not None and self.copier.copy(self._L, self.ctx, self.mem, donor[0], slot, donor[1]):
+                    reuse = donor[1]
+                elif donor is not None:  # refused: the slot was emptied, its prompt is computed
+                    reuse = 0
+        except Exception as e:  # this request's placement failed: it is answered, no other is
+            log.exception("placing request %s in a slot failed", active.req.id)
+            if slot is not None:
+                slot.active = active
+                self._fail(slot, events, f"the engine failed to place the request ({type(e).__name__}: {e}); "
+                                         "the model goes on serving: retry the request")
+            else:
+                active.sampler.close()
+                events.append(ErrorEvent(active.req.id, EngineError(
+                    f"the engine failed to place the request ({type(e).__name__}: {e}); retry the request").to_wire()))
+            return
+        active.cached = active.pos = reuse
+        active.t_admitted = time.perf_counter()
+        slot.active = active
 
     def _free(self) -> list[Slot]:
         return [s for s in self.slots if s.active is None]
@@ -468,7 +510,7 @@ class LlamaCppEngine:
         with self.profiler.span("prefix_lookup"):
             return self.prefix.lookup(active.prompt, live)
 
-    def _place(self, active: Active, hit: Hit | None) -> tuple[Slot, int]:
+    def _place(self, active: Active, hit: Hit | None, avoid: Collection[int] = ()) -> tuple[Slot, int]:
         """The free slot that serves most of the prompt for the least KV it overwrites, or the one
         the prefix cache's `hit` is restored into when it serves more; and how many prompt tokens
         it serves. A slot's own KV counts, and (fast policy) a copy of what another slot holds: a
@@ -478,7 +520,7 @@ class LlamaCppEngine:
         it, so four clients that came next, which share that default, all computed it again)."""
         if self._place_raises and len(active.prompt) > 100:
             raise RuntimeError("test switch: a placement that fails")
-        free = self._free()
+        free = [s for s in self._free() if s.seq not in avoid] or self._free()
         if not active.req.cache_prompt:
             return min(free, key=lambda s: (lost(s, 0), s.last_used)), 0
         prompt = active.prompt
@@ -623,14 +665,12 @@ class LlamaCppEngine:
                 drafts_of = dict(zip((s.seq for s in spec), self.spec.plan([self._job(s) for s in spec], len(decoding)),
                                      strict=True))
         with prof.span("batch_build"):
+            rows: list[tuple[Slot, list[int], int, int]] = []  # slot, its tokens, first position, prompt end
             for slot in decoding:
                 a = slot.active
                 assert a is not None and a.pending is not None
-                drafts = drafts_of.get(slot.seq, [])[: max(0, self.n_batch - n - len(decoding) + len(plan))]
-                pos = len(slot.tokens)
-                for j, t in enumerate([a.pending, *drafts]):
-                    put(self.batch, n + j, t, pos + j, slot.seq, True)
-                plan.append((slot, n, drafts))
+                drafts = drafts_of.get(slot.seq, [])[: max(0, self.n_batch - n - len(decoding) + len(rows))]
+                rows.append((slot, [a.pending, *drafts], len(slot.tokens), -1))
                 n += 1 + len(drafts)
             budget = self.n_batch - n if not decoding else min(self.budget, self.n_batch - n)
             for slot in prefilling:
@@ -640,20 +680,45 @@ class LlamaCppEngine:
                 assert a is not None
                 start = a.pos
                 end = self.grid.chunk_end(a.prompt, start) if self.exact else min(len(a.prompt), start + budget)
-                for i in range(start, end):
-                    put(self.batch, n + i - start, a.prompt[i], i, slot.seq, i == len(a.prompt) - 1)
-                parts.append((slot, start, end, n))
+                rows.append((slot, a.prompt[start:end], start, end))
                 n += end - start
                 budget -= end - start
+            # in slot order: with one KV stream per slot llama.cpp splits a batch into passes that
+            # each take only consecutive sequence ids in batch order, so decoding slots 0, 2, 3
+            # with slot 1 prefilling after them took three passes where this order takes two
+            row = 0
+            for slot, tokens, pos, end in sorted(rows, key=lambda r: r[0].seq):
+                last = len(slot.active.prompt) if slot.active is not None else -1
+                for j, t in enumerate(tokens):
+                    put(self.batch, row + j, t, pos + j, slot.seq, end < 0 or pos + j == last - 1)
+                if end < 0:
+                    plan.append((slot, row, tokens[1:]))
+                else:
+                    parts.append((slot, pos, end, row))
+                row += len(tokens)
             self.batch.n_tokens = n
         self._threads_for(n)
+        # (exact prefills one chunk a step, oldest first: a newcomer could not share it)
+        joinable = not self.exact and t_step < self._join_until and self.interrupt is not None
         with prof.span("prefill" if parts else "decode"):
             t0 = time.perf_counter()
-            rc = self._llama_decode(self.batch)
-            if decoding and not parts:
+            if joinable:
+                self._L.llama_set_abort_callback(self.ctx, self._join_cb, None)
+            try:
+                rc = self._llama_decode(self.batch)
+            finally:
+                if joinable:
+                    self._L.llama_set_abort_callback(self.ctx, self._L.ggml_abort_callback(), None)
+            if rc == 0 and decoding and not parts:
                 self.spec.observe(n, time.perf_counter() - t0)
-            elif parts and not decoding:
+            elif rc == 0 and parts and not decoding:
                 self.copier.observe_prefill(n, time.perf_counter() - t0)
+        if rc == 2 and joinable:  # given up for a request that arrived with these: none of its KV stays
+            for slot, _, pos, _ in rows:
+                self._L.llama_memory_seq_rm(self.mem, slot.seq, pos, -1)
+            self.yielded = True
+            self.joins += 1
+            return
         if rc != 0:
             for slot in [*decoding, *(p[0] for p in parts)]:
                 self._fail(slot, events, f"llama_decode returned {rc} for a batch of {n} tokens")
