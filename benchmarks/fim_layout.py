@@ -31,12 +31,20 @@ from _harness import cpu_name  # noqa: E402
 from autocomplete import N_PREDICT, Event, common, trace, windows  # noqa: E402
 
 from llmd.backends.base import FimPrompt  # noqa: E402
-from llmd.chat.fim import FimTokens, fim_tokens  # noqa: E402
+from llmd.backends.llamacpp.healing import Healer, spend  # noqa: E402
+from llmd.chat.fim import FimTokens, fim_tokens, healed_fim_tokens  # noqa: E402
 
 
 def line_after_middle(fim: FimPrompt, toks: FimTokens, text) -> list[int]:  # type: ignore[no-untyped-def]
     cut = fim.prefix.rfind("\n") + 1
     return [toks.pre, *text(fim.prefix[:cut]), toks.suf, *text(fim.suffix), toks.mid, *text(fim.prefix[cut:])]
+
+
+def healed(fim: FimPrompt, toks: FimTokens, text) -> list[int]:  # type: ignore[no-untyped-def]
+    """llmd's layout (llmd.chat.fim.healed_fim_tokens): the line after the middle, its last token
+    backed off, which the first tokens decoded must spell (token healing; main() restricts them
+    with the engine's Healer and strips the healed text)."""
+    return healed_fim_tokens(fim, toks, text)[0]
 
 
 # where the cursor stops: after a word (the autocomplete benchmark's pauses), two characters into
@@ -66,7 +74,9 @@ def main() -> None:
     ap.add_argument("--start-line", type=int, default=120)
     ap.add_argument("--cursor", choices=list(CURSORS), default="word-end")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="llama.cpp threads (1 beside other work)")
+    ap.add_argument("--layouts", default="plain,after-middle,healed", help="which layouts, comma-separated")
     args = ap.parse_args()
+    import numpy as np
     from llama_cpp import Llama
 
     llm = Llama(args.model, n_ctx=4096, n_threads=args.threads, verbose=False)
@@ -83,7 +93,13 @@ def main() -> None:
     stops = {llm.token_eos(), toks.pre, toks.suf, toks.mid, special("<|endoftext|>"), special("<|file_sep|>")}
     source = Path(textwrap.__file__).read_text()
     events, end = cursor_trace(source, args.start_line, args.words, args.cursor)
-    layouts = {"line at the prefix's end (llmd, llama-server)": fim_tokens, "line after the middle": line_after_middle}
+    every = {"plain": ("line at the prefix's end (llama-server)", fim_tokens),
+             "after-middle": ("line after the middle", line_after_middle),
+             "healed": ("line after the middle, last token healed (llmd)", healed)}
+    layouts = dict(every[k] for k in args.layouts.split(","))
+    n_vocab = llm.n_vocab()
+    pieces = [llm.detokenize([i], special=False) for i in range(n_vocab)]
+    healer = Healer(lambda t: pieces[t], n_vocab)
     typed = events[-1].at - events[0].at + 1
     print(f"# FIM layout: {Path(textwrap.__file__).name} from line {args.start_line}, {len(events)} cursors ({args.cursor}), "
           f"greedy, n_predict {N_PREDICT}; {Path(args.model).stem}; {cpu_name()}\n")
@@ -97,12 +113,32 @@ def main() -> None:
             prompt = build(FimPrompt(prefix=before + line, suffix=after), toks, tok)
             recomputed.append(len(prompt) - shared(prev, prompt))
             prev = prompt
+            heal = b""
+            if build is healed:
+                last = healed_fim_tokens(FimPrompt(prefix=before + line, suffix=after), toks, tok)[1]
+                heal = pieces[last] if last >= 0 else b""
+            n_prompt = len(prompt)
+
+            def healing(ids, logits, heal=heal, n=n_prompt):  # type: ignore[no-untyped-def]
+                for t in ids[n:]:  # what the tokens decoded so far have spelled of it
+                    heal, _ = spend(heal, pieces[t])
+                if not heal:
+                    return logits
+                allowed = healer.allowed(heal)
+                masked = np.full_like(logits, -np.inf)
+                masked[allowed] = logits[allowed]
+                return masked
+
             out: list[int] = []
-            for t in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            for t in llm.generate(prompt, temp=0.0, top_k=1, reset=True, logits_processor=[healing]):
                 if t in stops or len(out) >= N_PREDICT:
                     break
                 out.append(t)
-            got = llm.detokenize(out, prev_tokens=prompt).decode(errors="replace")
+            rest, shown = heal, []
+            for t in out:
+                rest, piece = spend(rest, pieces[t])
+                shown.append(piece)
+            got = b"".join(shown).decode(errors="replace")
             n = common(got, source[ev.at:end])
             covered.update(range(ev.at, ev.at + n))
             hits += n > 0

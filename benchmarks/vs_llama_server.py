@@ -17,7 +17,7 @@ and prints medians with the ratio llmd / llama-server. Tokens are counted from e
 `usage`. On a CPU with AMX, llama-server runs with --no-repack (it segfaults otherwise).
 
     python benchmarks/vs_llama_server.py [--rounds 3]
-    python benchmarks/vs_llama_server.py --model QWEN_1.5B.gguf --draft QWEN_0.5B.gguf [--ctx4096]
+    python benchmarks/vs_llama_server.py --model QWEN_1.5B.gguf --draft QWEN_0.5B.gguf [--ctx4096] [--paths shared_prefix]
 """
 
 from __future__ import annotations
@@ -275,9 +275,10 @@ def real_model(args: argparse.Namespace) -> None:
     name = Path(args.model).stem.lower()
     models = {name: args.model, **({Path(args.draft).stem.lower(): args.draft} if args.draft else {})}
     setups: list[tuple[str, tuple[str, ...]]] = [("server", ())]
-    if args.draft:
+    if args.draft and not args.paths:
         setups.append(("server+draft", ("--spec-type", "draft-simple", "--model-draft", args.draft)))
-    setups.append(("server+ngram", ("--spec-type", "ngram-simple")))
+    if not args.paths:
+        setups.append(("server+ngram", ("--spec-type", "ngram-simple")))
     variants = [("llmd", {})] + ([("llmd ctx4096", {"LLMD_CTX": "4096"})] if args.ctx4096 else [])
     procs: list[subprocess.Popen] = []
     try:
@@ -297,14 +298,15 @@ def real_model(args: argparse.Namespace) -> None:
             procs.append(sp)  # type: ignore[arg-type]
             peers.append(Peer(label, surl, all_idle, name))
         peers += [Peer(label, u, all_idle, name) for label, u in llmds]
-        results = run_paths(peers, args.rounds)
+        chosen = [p for p in PATHS if p.__name__ in args.paths.split(",")] if args.paths else PATHS
+        results = run_paths(peers, args.rounds, chosen)
         lurl = llmds[0][1]
         status = httpx.get(lurl + "/llmd/status", timeout=30).json()
-        warm_cold, warm_warm = warm_row(lurl, args.rounds, name)
+        warm_cold, warm_warm = warm_row(lurl, args.rounds, name) if not args.paths else (0.0, 0.0)
     finally:
         for pr in procs:
             stop(pr)
-    restart = [restart_row(models) for _ in range(args.rounds)]
+    restart = [restart_row(models) for _ in range(args.rounds)] if not args.paths else []
     m = next(m for m in status["loaded"] if m["name"] == name)
     cpu = cpu_name()
     print(f"# llmd vs llama-server: {name}, {cpu}, {os.cpu_count()} CPUs, llama-server -np 4 -c 16384 -t {THREADS}; "
@@ -323,6 +325,8 @@ def real_model(args: argparse.Namespace) -> None:
         mine = values[n_server]
         print(f"{row:<46}" + "".join(f"{v:>13.3f}" for v in values)
               + f"{mine / values[0]:>12.2f}{mine / best:>10.2f}")
+    if args.paths:
+        return
     cold_s, warm_s = med([c for c, _ in restart]), med([w for _, w in restart])
     print(f"\nllmd, POST /llmd/warm while the user types (~1,950-token prompt): cold {warm_cold:.2f} s, "
           f"after warming {warm_warm:.3f} s, {warm_warm / warm_cold:.1%} of cold")
@@ -336,6 +340,8 @@ def main() -> None:
     ap.add_argument("--model", default="", help="a GGUF to run the table on (default: the packaged SmolLM2)")
     ap.add_argument("--draft", default="", help="its draft model: llmd pairs it, llama-server gets --model-draft")
     ap.add_argument("--ctx4096", action="store_true", help="with --model: also llmd with LLMD_CTX=4096, labelled")
+    ap.add_argument("--paths", default="", help="with --model: only these paths (comma-separated function names, "
+                    "e.g. shared_prefix,four_clients), against plain llama-server, without the warm and restart rows")
     args = ap.parse_args()
     if args.model:
         return real_model(args)

@@ -54,6 +54,17 @@ def test_each_route_fills_a_function_body_that_parses(d: Daemon, route: str):
     ast.parse(PREFIX + body + SUFFIX)  # the body fits between the signature and the return
 
 
+@pytest.mark.parametrize("route", ["/infill", "/api/generate", "/v1/completions"])
+def test_a_cursor_inside_a_word_or_after_the_indentation_is_completed_from_there(d: Daemon, route: str):
+    """The cursor's line goes last in llmd's FIM prompt, less its last token, and the first token
+    decoded must begin with that token's text (token healing): the completion neither repeats
+    what was typed nor splits a word where the model never saw it split."""
+    body, r = fill(d, route, "def add(a: int, b: int) -> int:\n    ret", "\n")
+    assert r.status_code == 200 and body.startswith("urn") and "a + b" in body, (body, r.text)
+    body, r = fill(d, route, "def add(a: int, b: int) -> int:\n    ", "\n")
+    assert r.status_code == 200 and body.startswith("return") and "a + b" in body, (body, r.text)
+
+
 def test_other_files_chunks_are_used(d: Daemon):
     """A name defined only in another file's chunk comes back in the completion."""
     extra = [{"filename": "harbour/lamp.py", "text": "def lamp_watts_tonight() -> int:\n    return 1500\n"}]

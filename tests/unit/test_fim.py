@@ -5,7 +5,16 @@ import asyncio
 import pytest
 
 from llmd.backends.base import FimPrompt, GenerationRequest, Sampling
-from llmd.chat.fim import Cut, FimTokens, cursor_indent, fim_tokens, ollama_template, spellings_in_vocab
+from llmd.backends.llamacpp.healing import Healer, spend
+from llmd.chat.fim import (
+    Cut,
+    FimTokens,
+    cursor_indent,
+    fim_tokens,
+    healed_fim_tokens,
+    ollama_template,
+    spellings_in_vocab,
+)
 from llmd.daemon import suggestions
 from llmd.daemon.suggestions import Proposal, Suggestions, typed_since
 
@@ -175,3 +184,28 @@ def test_a_request_waiting_for_a_proposal_is_answered_once_its_line_is_complete(
         assert not p.done
 
     asyncio.run(main())
+
+
+def test_the_cursors_line_goes_after_the_middle_less_its_last_token():
+    out, healed = healed_fim_tokens(FimPrompt("def f():\n    ret", "\nx"), QWEN, text)
+    rendered = "".join(chr(t) if t >= 10 else f"<{t}>" for t in out)
+    assert rendered == "<1>def f():\n<2>\nx<3>    re" and healed == ord("t")
+    out, healed = healed_fim_tokens(FimPrompt("a = 1\n", "b"), QWEN, text)  # an empty line: nothing to heal
+    assert out == fim_tokens(FimPrompt("a = 1\n", "b"), QWEN, text) and healed == -1
+
+
+def test_healing_allows_tokens_that_begin_with_the_healed_text_or_spell_its_start():
+    vocab = [b"", b"re", b"ret", b"return", b"returns", b"rf", b"r", b"\xff", b"\xff\xff", b"x\xff", b"   ", b"    "]
+    h = Healer(lambda t: vocab[t], len(vocab))
+    assert sorted(h.allowed(b"ret").tolist()) == [1, 2, 3, 4, 6]  # re, ret, return, returns, r
+    assert sorted(h.allowed(b"r").tolist()) == [1, 2, 3, 4, 5, 6]
+    assert sorted(h.allowed(b"\xff").tolist()) == [7, 8]
+    assert sorted(h.allowed(b"x").tolist()) == [9]
+    assert sorted(h.allowed(b"    ").tolist()) == [10, 11]  # Qwen spells "    return" as "   " + " return"
+    assert h.allowed(b"zz").tolist() == []
+
+
+def test_the_healed_text_is_spent_by_the_tokens_that_spell_it_and_not_shown():
+    assert spend(b"    ", b"   ") == (b" ", b"")
+    assert spend(b" ", b" return") == (b"", b"return")
+    assert spend(b"ret", b"return") == (b"", b"urn")

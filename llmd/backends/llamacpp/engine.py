@@ -58,6 +58,7 @@ from llmd.backends.llamacpp.context import (
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
 from llmd.backends.llamacpp.grammar import grammar_for, grammar_for_tools
+from llmd.backends.llamacpp.healing import Healer, spend
 from llmd.backends.llamacpp.kv_copy import PrefixCopier, lost
 from llmd.backends.llamacpp.prefix_cache import Hit, PrefixCache
 from llmd.backends.llamacpp.sampler import SamplerChain, token_logprobs
@@ -67,7 +68,7 @@ from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
 from llmd.backends.repack import CRASH_ENV
-from llmd.chat.fim import Cut, FimTokens, fim_tokens
+from llmd.chat.fim import Cut, FimTokens, healed_fim_tokens
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
 from llmd.chat.tools import prepare_tools
@@ -161,6 +162,7 @@ class LlamaCppEngine:
         self.template = ChatTemplate(raw_template.decode("utf-8") if raw_template else None, self.bos_text, eos_text)
         self.chat_format = detect(self.template.source if not self.template.builtin else None)
         v = self.vocab
+        self.healer = Healer(self._piece, self.n_vocab)
         self.fim = FimTokens(L.llama_vocab_fim_pre(v), L.llama_vocab_fim_suf(v), L.llama_vocab_fim_mid(v),
                              L.llama_vocab_fim_rep(v), L.llama_vocab_fim_sep(v))
 
@@ -622,8 +624,8 @@ class LlamaCppEngine:
                 raise BadRequest(f"{self.cfg.model_name} cannot fill in the middle: its vocabulary has no "
                                  f"{', '.join(self.fim.missing)} token; use a FIM model (Qwen2.5-Coder, StarCoder2, "
                                  "CodeLlama, DeepSeek-Coder...)", "suffix")
-            prompt = fim_tokens(req.fim, self.fim, lambda t: self.tokenize(t, False, parse_special=False),
-                                [self.bos] if self.add_bos else [])
+            prompt, healed = healed_fim_tokens(req.fim, self.fim, lambda t: self.tokenize(t, False, parse_special=False),
+                                               [self.bos] if self.add_bos else [])
         else:
             prompt = self.tokenize(req.prompt or "", self.add_bos)
         if not prompt:
@@ -645,6 +647,8 @@ class LlamaCppEngine:
                         dropped=dropped)
         active.drafters = drafters
         active.auto = req.speculation in ("auto", "")
+        if req.fim is not None and healed >= 0:
+            active.heal = self._piece(healed)
         return active
 
     def _run_step(self, decoding: list[Slot], prefilling: list[Slot], events: list[Event]) -> None:
@@ -780,6 +784,8 @@ class LlamaCppEngine:
         a = slot.active
         assert a is not None
         with self.profiler.span("sample"):
+            if a.heal:
+                self.healer.restrict(self._L, self.ctx, row, self.healer.allowed(a.heal))
             token = a.sampler.sample(self.ctx, row)
         if a.req.top_logprobs is not None:
             a.logprobs.append(token_logprobs(self.ctx, row, token, self.n_vocab, a.req.top_logprobs,
@@ -795,7 +801,10 @@ class LlamaCppEngine:
             return False
         with self.profiler.span("detokenize"):
             # with tools, marker tokens (<tool_call>, [TOOL_CALLS]...) are text the reply parser reads
-            text, stopped = a.text.push(self._piece(token, special=bool(a.req.tools)))
+            piece = self._piece(token, special=bool(a.req.tools))
+            if a.heal:
+                a.heal, piece = spend(a.heal, piece)
+            text, stopped = a.text.push(piece)
         if text:
             events.append(TokenEvent(a.req.id, text, 1, tuple(a.logprobs), dropped_messages=a.first_news()))
             a.logprobs.clear()

@@ -51,6 +51,7 @@ class Active:
     dropped: int = 0  # old messages left out to fit (req.drop_old_messages)
     told: bool = False  # an event has gone out (the first one carries `dropped`)
     proposing: bool = False  # past the reply's max_tokens, decoding on for the proposal (req.propose_tokens)
+    heal: bytes = b""  # FIM: the text the first tokens must spell, not shown (backends/llamacpp/healing.py)
 
     def first_news(self) -> int:
         """`dropped` on the request's first event, 0 after."""
