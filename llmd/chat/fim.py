@@ -71,9 +71,43 @@ def fim_tokens(fim: FimPrompt, toks: FimTokens, text: Callable[[str], list[int]]
     return out + [toks.pre, *text(fim.prefix), toks.suf, *text(fim.suffix), toks.mid]
 
 
+MAX_SLID_LINES = 8  # an editor keeps N lines before the cursor: a new line slides its window this far
+MAX_MIDDLE_LINES = 16  # typed lines kept after the middle token before the suffix is computed again
+
+
+def typed_since(old: str, new: str) -> str | None:
+    """What was typed after the prefix `old` to make the prefix `new`, or None when `new` is not
+    `old` plus typing. The editor's window may have dropped some of `old`'s first lines (it sends N
+    lines before the cursor, so a new line slides it); at least half of `old` must be kept."""
+    start = 0
+    for _ in range(MAX_SLID_LINES + 1):
+        kept = old[start:]
+        if new.startswith(kept) and 2 * len(kept) >= len(old):
+            return new[len(kept):]
+        nl = old.find("\n", start)
+        if nl < 0:
+            return None
+        start = nl + 1
+    return None
+
+
+def middle_start(fim: FimPrompt, heads: Sequence[str]) -> int:
+    """Where the prefix's text after the middle token begins: after one of `heads` (the text a slot
+    holds before its suffix, for the same suffix) that this prefix is typing on from, so the lines
+    typed since stay after the middle and the suffix's KV is kept across new lines too (at most
+    MAX_MIDDLE_LINES of them); else at the cursor's line."""
+    at = fim.prefix.rfind("\n") + 1
+    for head in heads:
+        typed = typed_since(head, fim.prefix)
+        if typed is not None and typed.count("\n") <= MAX_MIDDLE_LINES:
+            at = min(at, len(fim.prefix) - len(typed))
+    return at
+
+
 def healed_fim_tokens(fim: FimPrompt, toks: FimTokens, text: Callable[[str], list[int]], bos: Sequence[int] = (),
-                      filename: str = "") -> tuple[list[int], int]:
-    """llmd's layout: the cursor's line goes after the middle token, as the start of the middle, so
+                      filename: str = "", cut: int | None = None) -> tuple[list[int], int]:
+    """llmd's layout: the cursor's line (from `cut` on, when given: see middle_start) goes after the
+    middle token, as the start of the middle, so
     typing changes only the prompt's last tokens and the suffix's KV is kept from one keystroke to
     the next (with the line at the prefix's end, each request computed the 16-line suffix again:
     128 tokens, 2.2-2.6 s on the 1.5B on two cores). The line's last token is left out and returned
@@ -81,7 +115,7 @@ def healed_fim_tokens(fim: FimPrompt, toks: FimTokens, text: Callable[[str], lis
     so the prompt never ends inside what the tokenizer would have made one token (measured without
     it: 2 characters into a word, 152 of 472 typed characters right against 422; after the spaces
     before a word, none). The caller strips that text from what it shows."""
-    cut = fim.prefix.rfind("\n") + 1
+    cut = fim.prefix.rfind("\n") + 1 if cut is None else cut
     head = FimPrompt(fim.prefix[:cut], fim.suffix, fim.extra, fim.n_indent, fim.t_max_predict_ms)
     out = fim_tokens(head, toks, text, bos, filename)
     line = text(fim.prefix[cut:]) if cut < len(fim.prefix) else []

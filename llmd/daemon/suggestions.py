@@ -28,12 +28,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from llmd.backends.base import GenerationRequest
+from llmd.chat.fim import typed_since
 
 MAX_ENTRIES = 64
 MAX_CHAIN = 3  # proposals kept per cursor: the last one and those it goes on from
 ORPHAN_S = 3.0  # a dropped proposal runs on this long after the last request that wanted it
 JOIN_WAIT_S = 60.0  # a proposal that says nothing for this long is not waited for any more (a safety net)
-MAX_SLID_LINES = 8  # an editor keeps N lines before the cursor: a new line slides its window this far
 
 
 @dataclass(eq=False)
@@ -99,22 +99,6 @@ class Proposal:
             asyncio.get_running_loop().call_later(left, self._expire)
         else:
             self.cancel("expired")
-
-
-def typed_since(old: str, new: str) -> str | None:
-    """What was typed after the prefix `old` to make the prefix `new`, or None when `new` is not
-    `old` plus typing. The editor's window may have dropped some of `old`'s first lines (it sends N
-    lines before the cursor, so a new line slides it); at least half of `old` must be kept."""
-    start = 0
-    for _ in range(MAX_SLID_LINES + 1):
-        kept = old[start:]
-        if new.startswith(kept) and 2 * len(kept) >= len(old):
-            return new[len(kept):]
-        nl = old.find("\n", start)
-        if nl < 0:
-            return None
-        start = nl + 1
-    return None
 
 
 def _whole_lines(so_far: str, typed: str) -> str | None:

@@ -12,11 +12,13 @@ from llmd.chat.fim import (
     cursor_indent,
     fim_tokens,
     healed_fim_tokens,
+    middle_start,
     ollama_template,
     spellings_in_vocab,
+    typed_since,
 )
 from llmd.daemon import suggestions
-from llmd.daemon.suggestions import Proposal, Suggestions, typed_since
+from llmd.daemon.suggestions import Proposal, Suggestions
 
 QWEN = FimTokens(pre=1, suf=2, mid=3, rep=4, sep=5)
 
@@ -209,3 +211,17 @@ def test_the_healed_text_is_spent_by_the_tokens_that_spell_it_and_not_shown():
     assert spend(b"    ", b"   ") == (b" ", b"")
     assert spend(b" ", b" return") == (b"", b"return")
     assert spend(b"ret", b"return") == (b"", b"urn")
+
+
+def test_lines_typed_since_a_slots_prompt_stay_after_the_middle():
+    head = "import os\n\ndef f():\n"
+    fim = FimPrompt(head + "    x = 1\n    return x", "\nprint(f())\n")
+    assert middle_start(fim, []) == len(head + "    x = 1\n")  # no slot typed into: the cursor's line
+    assert middle_start(fim, [head]) == len(head)  # the typed lines stay after the middle token
+    slid = FimPrompt(fim.prefix[len("import os\n"):], fim.suffix)  # the editor's window slid a line
+    assert middle_start(slid, [head]) == len(head) - len("import os\n")
+    assert middle_start(fim, ["elsewhere\n"]) == len(head + "    x = 1\n")
+    many = FimPrompt(head + "    x = 1\n" * 20, "")
+    assert middle_start(many, [head]) == len(many.prefix)  # too many lines since: start again
+    out, healed = healed_fim_tokens(fim, QWEN, text, cut=len(head))
+    assert "".join(chr(t) for t in out if t >= 10).endswith("\nprint(f())\n    x = 1\n    return ")

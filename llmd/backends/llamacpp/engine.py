@@ -68,7 +68,7 @@ from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
 from llmd.backends.repack import CRASH_ENV
-from llmd.chat.fim import Cut, FimTokens, healed_fim_tokens
+from llmd.chat.fim import Cut, FimTokens, healed_fim_tokens, middle_start
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
 from llmd.chat.tools import prepare_tools
@@ -500,6 +500,7 @@ class LlamaCppEngine:
         active.cached = active.pos = reuse
         active.t_admitted = time.perf_counter()
         slot.active = active
+        slot.fim_head = active.fim_head
 
     def _free(self) -> list[Slot]:
         return [s for s in self.slots if s.active is None]
@@ -624,8 +625,13 @@ class LlamaCppEngine:
                 raise BadRequest(f"{self.cfg.model_name} cannot fill in the middle: its vocabulary has no "
                                  f"{', '.join(self.fim.missing)} token; use a FIM model (Qwen2.5-Coder, StarCoder2, "
                                  "CodeLlama, DeepSeek-Coder...)", "suffix")
-            prompt, healed = healed_fim_tokens(req.fim, self.fim, lambda t: self.tokenize(t, False, parse_special=False),
-                                               [self.bos] if self.add_bos else [])
+            fim = req.fim
+            heads = [s.fim_head[0] for s in self.slots
+                     if s.fim_head is not None and s.fim_head[1:] == (fim.suffix, fim.extra)]
+            middle = middle_start(fim, heads) if req.cache_prompt else fim.prefix.rfind("\n") + 1
+            prompt, healed = healed_fim_tokens(fim, self.fim, lambda t: self.tokenize(t, False, parse_special=False),
+                                               [self.bos] if self.add_bos else [], cut=middle)
+            fim_head = (fim.prefix[:middle], fim.suffix, fim.extra)
         else:
             prompt = self.tokenize(req.prompt or "", self.add_bos)
         if not prompt:
@@ -647,8 +653,10 @@ class LlamaCppEngine:
                         dropped=dropped)
         active.drafters = drafters
         active.auto = req.speculation in ("auto", "")
-        if req.fim is not None and healed >= 0:
-            active.heal = self._piece(healed)
+        if req.fim is not None:
+            active.fim_head = fim_head
+            if healed >= 0:
+                active.heal = self._piece(healed)
         return active
 
     def _run_step(self, decoding: list[Slot], prefilling: list[Slot], events: list[Event]) -> None:

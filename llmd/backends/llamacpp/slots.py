@@ -52,6 +52,7 @@ class Active:
     told: bool = False  # an event has gone out (the first one carries `dropped`)
     proposing: bool = False  # past the reply's max_tokens, decoding on for the proposal (req.propose_tokens)
     heal: bytes = b""  # FIM: the text the first tokens must spell, not shown (backends/llamacpp/healing.py)
+    fim_head: tuple[str, str, tuple[tuple[str, str], ...]] | None = None  # FIM: what comes before its middle (Slot)
 
     def first_news(self) -> int:
         """`dropped` on the request's first event, 0 after."""
@@ -81,6 +82,8 @@ class Slot:
     tail: list[int] = field(default_factory=list)
     active: Active | None = None
     last_used: float = field(default_factory=time.monotonic)
+    # FIM: (the prefix text before the suffix, the suffix, the extra chunks) of the last request here
+    fim_head: tuple[str, str, tuple[tuple[str, str], ...]] | None = None
 
     def reusable(self, prompt: list[int], chunk: int, exact: bool = True,
                  end_of_turn: Callable[[int], bool] = lambda _t: False) -> int:
