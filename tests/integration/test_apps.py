@@ -135,8 +135,8 @@ def test_embeddings_ollama(http: httpx.Client):
     assert len(embs) == 2 and len(embs[0]) == 576
     legacy = http.post("/api/embeddings", json={"model": "smollm2-135m", "prompt": "hello"}).json()["embedding"]
     assert legacy == pytest.approx(embs[0], abs=1e-6)
-    cut = http.post("/api/embed", json={"model": "smollm2-135m", "input": "word " * 9000, "truncate": True})
-    assert cut.status_code == 200 and cut.json()["prompt_eval_count"] <= 8192
+    # truncation is checked in test_context.py on a 1,024-token context: embedding 8,192 tokens of the
+    # default context takes 1-2 minutes on two cores
 
 
 def test_responses_api_two_turns_and_storage(http: httpx.Client):

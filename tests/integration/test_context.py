@@ -40,6 +40,17 @@ def test_the_default_context_is_the_trained_one(http: httpx.Client):
     assert http.get("/api/ps").json()["models"][0]["context_length"] == 8192
 
 
+def test_an_embedding_input_longer_than_the_context_is_cut_only_when_asked(small: Daemon):
+    with small.client() as http:
+        long = "word " * 1500
+        r = http.post("/api/embed", json={"model": "smollm2-135m", "input": long, "truncate": False})
+        assert r.status_code == 400 and "1024" in r.json()["error"], r.text
+        cut = http.post("/api/embed", json={"model": "smollm2-135m", "input": long})  # Ollama's default: cut
+        assert cut.status_code == 200 and cut.json()["prompt_eval_count"] == 1024, cut.text
+        whole = http.post("/api/embed", json={"model": "smollm2-135m", "input": long[:5000]}).json()
+        assert whole["prompt_eval_count"] == 1001  # "word " x 1000 and the BOS: nothing cut below the context
+
+
 def test_ollama_chat_drops_the_oldest_messages_and_says_so(small: Daemon):
     msgs = chat(12)  # about 1,700 tokens in a 1,024-token context
     with small.client() as http:
