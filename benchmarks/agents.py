@@ -41,8 +41,12 @@ def load(path: Path, model: str) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for line in path.read_text().splitlines():
         rec = json.loads(line)
+        if rec["path"].startswith("/api/pull"):  # Codex --oss asks Ollama for the model first
+            continue
+        # the Responses API (Codex) names its cap max_output_tokens; the others max_tokens
+        cap = "max_output_tokens" if rec["path"].endswith("/responses") else "max_tokens"
         body = {**rec["body"], "model": model, "temperature": 0, "stream": True,
-                "max_tokens": min(MAX_TOKENS, int(rec["body"].get("max_tokens") or MAX_TOKENS))}
+                cap: min(MAX_TOKENS, int(rec["body"].get(cap) or MAX_TOKENS))}
         for k in ("top_p", "top_k"):
             body.pop(k, None)
         out.append((rec["path"], body))

@@ -1,9 +1,12 @@
 """A recording reverse proxy for the front-end tests: an app is pointed at it instead of llmd, and
 every request it makes is passed through unchanged (streams included) and written down as
-(method, path, status), so a test can say which routes the app used and that none failed."""
+(method, path, status), so a test can say which routes the app used and that none failed. The
+requests themselves can be saved as a recording that benchmarks/agents.py replays."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +24,8 @@ class Recorder(ThreadServer):
     def __init__(self, upstream: str) -> None:
         self.calls: list[tuple[str, str, int]] = []
         self.bodies: list[bytes] = []  # each request's body, in order
+        self.requests: list[tuple[str, str, bytes]] = []  # (method, path, body), in order
+        self.saved = 0  # requests already written by save()
         self.upstream = upstream
         app = Starlette(routes=[Route("/{path:path}", self._relay,
                                       methods=["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])])
@@ -31,6 +36,7 @@ class Recorder(ThreadServer):
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         body = await request.body()
         self.bodies.append(body)
+        self.requests.append((request.method, request.url.path, body))
         req = client.build_request(request.method, request.url.path, params=request.query_params,
                                    headers=headers, content=body)
         r = await client.send(req, stream=True)
@@ -46,6 +52,19 @@ class Recorder(ThreadServer):
     def failed(self, allowed: set[tuple[str, int]] | None = None) -> list[tuple[str, str, int]]:
         """Calls answered 4xx/5xx, less those expected by design ((path, status) in `allowed`)."""
         return [c for c in self.calls if c[2] >= 400 and (c[1], c[2]) not in (allowed or set())]
+
+    def save(self, path: Path) -> int:
+        """The JSON POSTs made since the last save, one per line as benchmarks/agents.py reads them
+        ({"method", "path", "body"}); how many were written."""
+        rows = []
+        for method, route, body in self.requests[self.saved:]:
+            if method == "POST" and body[:1] == b"{":
+                rows.append(json.dumps({"method": method, "path": route, "body": json.loads(body)}))
+        self.saved = len(self.requests)
+        if rows:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join(rows) + "\n")
+        return len(rows)
 
     def routes(self) -> list[str]:
         return sorted({f"{m} {p}" for m, p, _ in self.calls})

@@ -85,6 +85,22 @@ def test_typing_the_proposal_is_answered_without_the_model(d: Daemon):
     assert again.headers["X-LLMD-Cache"] == "hit" and rest == first[3:], (first, rest)
 
 
+def test_a_new_line_typed_keeps_the_suffix_computed(d: Daemon):
+    """What was typed since a slot's last prompt goes after the middle token (chat.fim.middle_start),
+    so a new line typed above a long suffix computes only its own tokens: the suffix's KV is kept.
+    With the typed code at the prefix's end instead, all of the suffix would be computed again."""
+    suffix = "\n" + "".join(f"    check_{i}(values)\n" for i in range(14)) + "    return values\n"
+    prefix = "def tidy(values: list[int]) -> list[int]:\n    values = sorted(values)\n    "
+    _, first = fill(d, "/infill", prefix, suffix, n_predict=4)
+    assert first.status_code == 200 and first.json()["timings"]["prompt_n"] > 100, first.text
+    for typed in ("zebra_count = 7\n    ", "zebra_count = 7\n    walrus = zebra_count * 3\n    "):
+        # lines the model did not propose (so the proposal cannot answer them)
+        _, r = fill(d, "/infill", prefix + typed, suffix, n_predict=4)
+        body = r.json()
+        assert r.status_code == 200 and r.headers.get("X-LLMD-Cache") != "hit", r.text
+        assert body["timings"]["prompt_n"] < 30 and body["tokens_cached"] > 100, body["timings"]
+
+
 def _send_and_drop(d: Daemon, body: dict[str, object], after: Callable[[], None] = lambda: None) -> None:
     """A request sent as an editor sends it and dropped as the next keystroke drops it (the
     connection closes once `after` returns)."""

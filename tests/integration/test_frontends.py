@@ -70,10 +70,13 @@ def assert_hello(work: Path, r: subprocess.CompletedProcess) -> None:
 
 
 def assert_clean(r: subprocess.CompletedProcess, rec: Recorder, must_call: str, app: str = "") -> None:
-    if app:  # which routes each app used, for the record (artifacts/frontends.jsonl)
+    if app:  # which routes each app used, for the record (artifacts/frontends.jsonl), and what it
+        # sent (artifacts/recordings/: what benchmarks/agents.py replays)
         ARTIFACTS.mkdir(exist_ok=True)
         with (ARTIFACTS / "frontends.jsonl").open("a") as f:
             f.write(json.dumps({"app": app, "exit": r.returncode, **summary(rec), "calls": len(rec.calls)}) + "\n")
+        slug = "".join(c if c.isalnum() else "-" for c in app).strip("-")
+        rec.save(ARTIFACTS / "recordings" / f"{slug}-{time.strftime('%H%M%S')}.jsonl")
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:], summary(rec))
     assert not rec.failed(), summary(rec)
     assert any(must_call in route for route in rec.routes()), summary(rec)

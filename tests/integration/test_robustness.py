@@ -255,23 +255,39 @@ def test_a_hung_worker_is_stopped_and_its_requests_get_an_error(tmp_path: Path):
 def test_a_stream_waiting_for_its_first_token_gets_keep_alives(tmp_path: Path):
     """A streamed request whose first event is slow (here a decode that hangs, as a long prompt's
     prefill would take minutes) starts its stream after FIRST_EVENT_WAIT_S and sends a keep-alive
-    every KEEPALIVE_S, never minutes of silence; what ends it is reported in the stream."""
+    every KEEPALIVE_S, never minutes of silence; what ends it is reported in the stream. On the
+    Responses API the keep-alive is a `response.in_progress` event: Codex's idle timeout counts
+    events, not SSE comments."""
     from llmd.daemon.routes._common import FIRST_EVENT_WAIT_S, KEEPALIVE_S
 
     hang_s = FIRST_EVENT_WAIT_S + 2 * KEEPALIVE_S + 5
     d = Daemon(tmp_path / "home", env={"LLMD_TEST_CRASH": "hang", "LLMD_HANG_S": str(hang_s)}).start()
-    try:
+    prompt = "word " * 150
+
+    def stream(path: str, body: dict) -> tuple[float, list[tuple[float, str]]]:
         with d.client() as c:
             t0 = time.monotonic()
-            body = {"messages": [{"role": "user", "content": "word " * 150}], "max_tokens": 4, "stream": True}
-            with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            with c.stream("POST", path, json={**body, "stream": True}) as r:
                 assert r.status_code == 200
                 started = time.monotonic() - t0
-                lines = [(time.monotonic() - t0, line) for line in r.iter_lines() if line]
+                return started, [(time.monotonic() - t0, line) for line in r.iter_lines() if line]
+
+    def spaced(times: list[float]) -> bool:
+        return len(times) >= 2 and all(b - a < KEEPALIVE_S + 3 for a, b in zip(times, times[1:], strict=False))
+
+    try:
+        with cf.ThreadPoolExecutor(2) as pool:  # both wait on the same hung step
+            chat = pool.submit(stream, "/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": prompt}], "max_tokens": 4})
+            time.sleep(0.5)
+            resp = pool.submit(stream, "/v1/responses", {"input": prompt + " again", "max_output_tokens": 4})
+            (started, lines), (_, rlines) = chat.result(), resp.result()
         assert FIRST_EVENT_WAIT_S - 1 < started < FIRST_EVENT_WAIT_S + 5, started
-        alive = [t for t, line in lines if line.startswith(": keep-alive")]
-        assert len(alive) >= 2 and all(b - a < KEEPALIVE_S + 3 for a, b in zip(alive, alive[1:], strict=False)), lines
+        assert spaced([t for t, line in lines if line.startswith(": keep-alive")]), lines
         assert any("stopped answering" in line for _, line in lines) and lines[-1][1] == "data: [DONE]", lines
+        progress = [t for t, line in rlines if line == "event: response.in_progress"]
+        assert spaced(progress[1:]) and not any(line.startswith(":") for _, line in rlines), rlines
+        assert any("stopped answering" in line for _, line in rlines), rlines
     finally:
         d.stop()
 

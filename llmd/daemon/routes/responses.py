@@ -371,8 +371,11 @@ async def create(request: Request) -> Response:
                                                                          choice)))
         try:
             async for ev in run:
-                if isinstance(ev, KeepAlive):  # an SSE comment: clients skip it, connections stay open
-                    yield b": keep-alive\n\n"
+                if isinstance(ev, KeepAlive):
+                    # an event, not the SSE comment other routes send: Codex's idle timeout (300 s)
+                    # counts events only, and gave up on an 8.6k-token cold prompt and sent it again
+                    yield _sse(out.event("response.in_progress", response=_response(
+                        rid, body, run.model, created, [], None, choice)))
                 elif isinstance(ev, TokenEvent):
                     for e in out.add(parser.feed(ev.text, ev.tool_calls)):
                         yield _sse(e)
