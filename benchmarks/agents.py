@@ -76,8 +76,10 @@ def session(url: str, requests: list[tuple[str, dict[str, Any]]], idle: Any) -> 
         ttft, _ = send(url, path, body)
         ttfts.append(ttft)
         print(f"  {path} ttft {ttft:.2f} s", file=sys.stderr, flush=True)
-    return {"wall": time.perf_counter() - t0, "first": ttfts[0],
-            "others": statistics.median(ttfts[1:]) if len(ttfts) > 1 else float("nan")}
+    out = {"wall": time.perf_counter() - t0, "first": ttfts[0],
+           "others": statistics.median(ttfts[1:]) if len(ttfts) > 1 else float("nan")}
+    print(f"  session: {json.dumps(out)}", file=sys.stderr, flush=True)  # kept if a later step fails
+    return out
 
 
 def main() -> None:

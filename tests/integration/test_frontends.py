@@ -171,12 +171,16 @@ def test_codex_exec_oss_and_as_a_configured_provider(rec: Recorder, tmp_path: Pa
 def codex_task(go: Callable[[], subprocess.CompletedProcess], rec: Recorder, work: Path, app: str) -> None:
     """The task, run clean. Whether hello.txt is written is recorded, not required: on the 1.5B,
     Codex's runs end cleanly but the model writes its call as text ("create_file" JSON in a code
-    block) instead of calling Codex's shell or apply_patch tools (three tries in a row here)."""
-    t0 = time.monotonic()
+    block) instead of calling Codex's shell or apply_patch tools (three tries in a row here). Codex
+    sends a request again when its stream is idle for 300 s (its cold prompt's prefill takes longer
+    on two cores): llmd's keep-alive events must prevent that."""
+    t0, seen = time.monotonic(), len(rec.requests)
     r = go()
     made = work / "hello.txt"
     timed("codex", f"{app}: hello.txt written {made.exists() and 'hi' in made.read_text().lower()}", t0)
     assert_clean(r, rec, "POST /v1/responses", app)
+    sent = [body for method, path, body in rec.requests[seen:] if path.endswith("/responses")]
+    assert len(set(sent)) == len(sent), f"Codex sent a request again ({len(sent)} sent, {len(set(sent))} different)"
 
 
 @needs(BIN / "opencode")

@@ -38,7 +38,8 @@ _log = logging.getLogger("llmd.requests")
 # 4xx (the engine refuses it as it prepares, within milliseconds when idle); past it (a model
 # loading, a long prompt being read) the stream starts and a keep-alive goes out every
 # KEEPALIVE_S until the first token, so no client sits on a silent connection for minutes
-# (Codex gives up on a stream idle for 300 s; an 8.6k-token prompt takes about 220 s on two cores).
+# (Codex gives up on a stream idle for 300 s, counting events only: the Responses route sends an
+# event, the others an SSE comment; an 8.6k-token prompt takes 220-410 s on two cores).
 FIRST_EVENT_WAIT_S = 10.0
 PROPOSE_TOKENS = 64  # at most this many more tokens of a FIM completion decoded on past the reply
 KEEPALIVE_S = 10.0
