@@ -16,6 +16,9 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+# the benchmarks import llmd from this checkout, as the daemons they start run it (`python -m llmd`
+# in ROOT): an editable install may point at another checkout, or at one that is gone
+sys.path.insert(0, str(ROOT))
 
 
 def free_port() -> int:
