@@ -218,5 +218,8 @@ def test_a_worker_that_dies_leaves_no_thread_or_pipe_behind():
         return h
 
     h = asyncio.run(main())
+    # the reader reports the exit to the loop as its last act: it may still be returning when the
+    # loop has run on_exit (the check without this join failed once it was that fast)
+    h._reader.join(5)
     h._writer.join(5)
     assert not h._writer.is_alive() and not h._reader.is_alive() and h._conn.closed
