@@ -23,7 +23,6 @@ HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"
 class Recorder(ThreadServer):
     def __init__(self, upstream: str) -> None:
         self.calls: list[tuple[str, str, int]] = []
-        self.bodies: list[bytes] = []  # each request's body, in order
         self.requests: list[tuple[str, str, bytes]] = []  # (method, path, body), in order
         self.saved = 0  # requests already written by save()
         self.upstream = upstream
@@ -35,7 +34,6 @@ class Recorder(ThreadServer):
         client = httpx.AsyncClient(base_url=self.upstream, timeout=httpx.Timeout(900.0, connect=10.0))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         body = await request.body()
-        self.bodies.append(body)
         self.requests.append((request.method, request.url.path, body))
         req = client.build_request(request.method, request.url.path, params=request.query_params,
                                    headers=headers, content=body)
@@ -52,6 +50,11 @@ class Recorder(ThreadServer):
     def failed(self, allowed: set[tuple[str, int]] | None = None) -> list[tuple[str, str, int]]:
         """Calls answered 4xx/5xx, less those expected by design ((path, status) in `allowed`)."""
         return [c for c in self.calls if c[2] >= 400 and (c[1], c[2]) not in (allowed or set())]
+
+    @property
+    def bodies(self) -> list[bytes]:
+        """Each request's body, in order."""
+        return [body for _, _, body in self.requests]
 
     def save(self, path: Path) -> int:
         """The JSON POSTs made since the last save, one per line as benchmarks/agents.py reads them
