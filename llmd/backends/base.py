@@ -62,6 +62,10 @@ class GenerationRequest:
     # keystrokes (daemon.suggestions); the reply ends at max_tokens (a TokenEvent's reply_end says
     # where) and the client gets only that
     propose_tokens: int = 0
+    # fill in the middle, with propose_tokens: the reply ends this long after the engine received
+    # the request, with the text shown so far, when the model has not ended it by then (an editor
+    # drops its request at the next keystroke: daemon.suggestions learns when); decoding goes on
+    reply_within_s: float | None = None
     # "off" | "ngram" (prompt lookup) | "draft" (paired model) | "auto" (cost-aware); "" = the daemon's
     # default (LLMD_SPECULATION, set by the route layer), which an engine left alone treats as auto
     speculation: str = ""

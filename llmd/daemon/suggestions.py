@@ -15,6 +15,11 @@ model at once, so that what runs for nobody never delays what someone waits for.
 stopped at its token limit is decoded on from where it stopped (routes._common._go_on), so that a
 person who types all of it is still ahead of the model.
 
+An answer is worth something only before the next keystroke, and the server sees when that comes:
+an editor drops its request then. So the store keeps how long the last dropped requests of each
+model lived, and a completion is answered with what it holds a little before that (REPLY_SHARE of
+the median), while its decoding goes on as the proposal for the keystrokes that follow.
+
 Kept per model and per text around the cursor (suffix and other files' chunks), in memory, bounded.
 """
 
@@ -24,7 +29,8 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-from collections import OrderedDict
+import statistics
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from llmd.backends.base import GenerationRequest
@@ -34,6 +40,9 @@ MAX_ENTRIES = 64
 MAX_CHAIN = 3  # proposals kept per cursor: the last one and those it goes on from
 ORPHAN_S = 3.0  # a dropped proposal runs on this long after the last request that wanted it
 JOIN_WAIT_S = 60.0  # a proposal that says nothing for this long is not waited for any more (a safety net)
+DROPS_KEPT = 16  # how long the last dropped requests of a model lived
+MIN_DROPS = 4  # seen before answering early
+REPLY_SHARE = 0.8  # answer at this share of their median life (time for the reply to reach the editor)
 
 
 @dataclass(eq=False)
@@ -119,6 +128,21 @@ class Suggestions:
         # answered from a proposal; dropped ones that ran on; of those, cancelled for a request they
         # could not serve, and cancelled at ORPHAN_S with nobody asking
         self.stats = {"answered": 0, "ran_on": 0, "cancelled": 0, "expired": 0}
+        self._drops: dict[str, deque[float]] = {}
+
+    def dropped(self, model: str, lived_s: float) -> None:
+        """An editor dropped a completion of `model` after `lived_s`: its next keystroke came."""
+        self._drops.setdefault(model, deque(maxlen=DROPS_KEPT)).append(lived_s)
+
+    def reply_within(self, model: str) -> float | None:
+        """How soon a completion of `model` should answer with what it has: a little before its
+        editor's requests have been dropped (None until a few were)."""
+        drops = self._drops.get(model, ())
+        return REPLY_SHARE * statistics.median(drops) if len(drops) >= MIN_DROPS else None
+
+    def reply_times(self) -> dict[str, float]:
+        """reply_within of each model that has one, rounded (for /llmd/status)."""
+        return {m: round(t, 3) for m in self._drops if (t := self.reply_within(m)) is not None}
 
     @property
     def hits(self) -> int:
@@ -140,6 +164,9 @@ class Suggestions:
         key = self._key(model, req)
         if key is None or req.fim is None or (req.max_tokens is not None and req.max_tokens <= 0):
             return None
+        loop = asyncio.get_running_loop()
+        within = self.reply_within(model)
+        by = loop.time() + (within if within is not None else JOIN_WAIT_S)
         while (p := self._serving(chain := self._last.get(key, []), req.fim.prefix)) is not None:
             typed = typed_since(p.prefix, req.fim.prefix) or ""
             if p.done:
@@ -156,10 +183,14 @@ class Suggestions:
             if (lines := _whole_lines(p.text, typed)) is not None:
                 self.stats["answered"] += 1  # what an editor shows is here; the rest is still decoded
                 return lines
+            if (late := loop.time() >= by) and len(p.text) > len(typed):
+                self.stats["answered"] += 1  # what it holds, before the editor drops this request
+                return p.text[len(typed):]
             try:
-                await asyncio.wait_for(p.next_change(), JOIN_WAIT_S)
+                await asyncio.wait_for(p.next_change(), JOIN_WAIT_S if late else max(0.0, by - loop.time()))
             except TimeoutError:
-                break
+                if late:
+                    break
         self.drop_orphans(model)
         return None
 

@@ -276,3 +276,28 @@ def test_continue_reads_num_ctx_and_cline_and_goose_send_theirs(d: Daemon):
     assert r.status_code == 200, r.text
     after = {m["name"]: m["pid"] for m in httpx.get(d.url + "/llmd/status").json()["loaded"]}[QWEN]
     assert after == pid  # the same worker throughout: no reload for any of them
+
+
+def test_an_editor_that_drops_its_requests_quickly_is_answered_before_it_does(d: Daemon):
+    """The next keystroke drops a completion; llmd learns how long this editor's requests live and
+    answers a little before that with what the model has, decoding on for the keystrokes that
+    follow (typing the answer is then answered from what came after it). Last of this module's
+    completion tests: from here on the daemon answers the 1.5B's completions early."""
+    long = {"model": QWEN, "input_suffix": "", "n_predict": 200, "temperature": 0}
+    for i in range(4):  # each one dropped 0.4 s after it was sent (unlike prompts: none serves the next)
+        _send_and_drop(d, {**long, "input_prefix": f"# primes below {1000 * (i + 1)}\nprimes = ["},
+                       lambda: time.sleep(0.4))
+    within = httpx.get(d.url + "/llmd/status", timeout=30).json()["fim_reply_within_s"][QWEN]
+    assert 0.2 < within < 0.4, within  # a share of how long they lived
+    prefix = "# the first fifty squares\nsquares = ["
+    first, r = fill(d, "/infill", prefix, "", n_predict=200)
+    body = r.json()
+    # cut by time, not by the model's end (without the cut the model ends this list itself, well
+    # short of 200 tokens): what came in the first ~0.3 s
+    assert r.status_code == 200 and first and body["stop_type"] == "limit", body
+    assert body["timings"]["predicted_n"] < 60, body
+    deadline = time.monotonic() + 60
+    while _open_requests(d) and time.monotonic() < deadline:  # the proposal decoding on
+        time.sleep(0.05)
+    rest, again = fill(d, "/infill", prefix + first, "", n_predict=200)
+    assert again.headers["X-LLMD-Cache"] == "hit" and rest, (first, rest)

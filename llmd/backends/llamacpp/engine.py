@@ -799,6 +799,7 @@ class LlamaCppEngine:
             a.logprobs.append(token_logprobs(self.ctx, row, token, self.n_vocab, a.req.top_logprobs,
                                              lambda t: self._piece(t).decode("utf-8", "replace")))
         now = time.perf_counter()
+        step = now - a.t_last if a.n_gen > 0 else 0.0  # the last token's time: the next one's, about
         if a.n_gen == 0:
             a.t_first = now
         a.n_gen += 1
@@ -816,14 +817,17 @@ class LlamaCppEngine:
         if text:
             events.append(TokenEvent(a.req.id, text, 1, tuple(a.logprobs), dropped_messages=a.first_news()))
             a.logprobs.clear()
+            a.shown = True
         if stopped:
             self._finish(slot, "stop", events, flush=False)
             return False
         a.pending = token
-        if a.n_gen >= a.max_tokens and a.req.propose_tokens > 0 and not a.proposing:
+        # answer now when the next token would come after reply_within_s
+        late = a.req.reply_within_s is not None and a.shown and now + step - a.t_received >= a.req.reply_within_s
+        if (a.n_gen >= a.max_tokens or late) and a.req.propose_tokens > 0 and not a.proposing:
             # the reply ends here; a FIM proposal decodes on in the same slot (no prompt computed again)
             events.append(TokenEvent(a.req.id, "", 0, reply_end=self._usage(a)))
-            a.proposing, a.max_tokens = True, a.max_tokens + a.req.propose_tokens
+            a.proposing, a.max_tokens = True, max(a.max_tokens, a.n_gen) + a.req.propose_tokens
         if a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= a.n_ctx:
             self._finish(slot, "length", events)
             return False

@@ -291,6 +291,9 @@ class Run:
             task = asyncio.ensure_future(self.drain())
             try:
                 await while_connected(request, self._reply(task))
+            except ClientGone:  # its editor's next keystroke came (daemon.suggestions learns when)
+                request.app.state.suggestions.dropped(self.model, time.perf_counter() - self.t_start)
+                raise
             finally:
                 if not task.done():  # the client left, or has its reply: the rest is the proposal's
                     self.proposal.run_on(task)
@@ -457,7 +460,8 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     text: list[str] = []
     proposal = state.suggestions.begin(name, req, text) if req.fim is not None and req.cache_prompt else None
     if proposal is not None and wait is None and req.max_tokens:  # decoded on past the reply, for the next keystrokes
-        req = replace(req, propose_tokens=min(req.max_tokens, PROPOSE_TOKENS))
+        req = replace(req, propose_tokens=min(req.max_tokens, PROPOSE_TOKENS),
+                      reply_within_s=state.suggestions.reply_within(name))
     events = scheduler.generate(name, req, admission)
     coming: asyncio.Future[Event] = asyncio.ensure_future(events.__anext__())
     if proposal is not None:  # refused or failed before its first token: nobody waits on it
@@ -478,6 +482,7 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     run = Run(req, name, events, coming.result() if done else None, t_start, admission, cache=status, cache_key=key,
               request=request, pending=None if done else coming, text=text, proposal=proposal)
     if proposal is not None and not done:  # dropped: it runs on to fill the proposal for the next keystroke
+        state.suggestions.dropped(name, time.perf_counter() - t_start)
         proposal.run_on(asyncio.ensure_future(run.drain()))
         raise ClientGone("the client closed the connection; its completion is kept for the next keystroke")
     after: list[Callable[[Run], Any]] = []

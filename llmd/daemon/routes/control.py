@@ -94,6 +94,7 @@ async def status(request: Request) -> Response:
         "memory_available": available_bytes(),
         "dropped_messages": dict(app.state.metrics.dropped_by_model),  # by model, to fit (Ollama's API)
         "fim_proposals": dict(app.state.suggestions.stats),  # editors' completions (daemon.suggestions)
+        "fim_reply_within_s": app.state.suggestions.reply_times(),  # by model: answered with what it has by then
         **await app.state.scheduler.status(),
     }
     return JSONResponse(body)
