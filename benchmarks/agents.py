@@ -37,7 +37,10 @@ MAX_TOKENS = 128
 SERVER_CTX = 4 * 16384  # four slots of 16,384 tokens: Claude Code's prompt and its replies fit one
 
 
-def load(path: Path, model: str) -> list[tuple[str, dict[str, Any]]]:
+def load(path: Path, model: str, function_tools_only: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """The recording's requests as both systems get them; with `function_tools_only`, a Responses
+    request keeps only its function tools (llama-server leaves Codex's namespace, custom and hosted
+    tools out of the prompt, llmd shows them to the model: the prompts then differ)."""
     out = []
     for line in path.read_text().splitlines():
         rec = json.loads(line)
@@ -49,6 +52,8 @@ def load(path: Path, model: str) -> list[tuple[str, dict[str, Any]]]:
                 cap: min(MAX_TOKENS, int(rec["body"].get(cap) or MAX_TOKENS))}
         for k in ("top_p", "top_k"):
             body.pop(k, None)
+        if function_tools_only and "tools" in body:
+            body["tools"] = [t for t in body["tools"] if t.get("type", "function") == "function"]
         out.append((rec["path"], body))
     return out
 
@@ -87,10 +92,12 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--draft", default="")
     ap.add_argument("--recording", default=str(DATA / "claude-code-2.1.332-read-session.jsonl"))
+    ap.add_argument("--function-tools-only", action="store_true",
+                    help="Responses requests keep only their function tools, so both systems read the same prompt")
     args = ap.parse_args()
     name = Path(args.model).stem.lower()
     models = {name: args.model, **({Path(args.draft).stem.lower(): args.draft} if args.draft else {})}
-    requests = load(Path(args.recording), name)
+    requests = load(Path(args.recording), name, args.function_tools_only)
     results: dict[str, list[dict[str, Any]]] = {}
 
     print(f"# llmd with its defaults, {len(requests)} requests per session", file=sys.stderr, flush=True)
@@ -121,7 +128,8 @@ def main() -> None:
         stop(sp)  # type: ignore[arg-type]
 
     print(f"# {Path(args.recording).name} replayed on {name}, {cpu_name()}, {os.cpu_count()} CPUs; "
-          f"temperature 0, at most {MAX_TOKENS} tokens a reply; llmd with its defaults; llama-server "
+          f"temperature 0, at most {MAX_TOKENS} tokens a reply"
+          f"{'; function tools only' if args.function_tools_only else ''}; llmd with its defaults; llama-server "
           f"{' '.join(sargs[2:])}")
     print(f"{'':<44}{'llmd':>12}{'llama-server':>14}{'llmd/server':>13}")
     rows = [("session 1 (cold): first request TTFT (s)", lambda s: s[0]["first"]),
