@@ -58,6 +58,23 @@ def load(path: Path, model: str, function_tools_only: bool = False) -> list[tupl
     return out
 
 
+def _generated(data: str) -> bool:
+    """Whether an SSE event carries generated text or call arguments: a chat stream's first chunk
+    may be the role alone, sent before the prompt is read (llmd sends it at once)."""
+    try:
+        ev = json.loads(data)
+    except ValueError:
+        return False
+    if not isinstance(ev, dict):
+        return False
+    if ev.get("choices"):  # OpenAI chat and completions
+        c = ev["choices"][0]
+        d = c.get("delta") or {}
+        return bool(d.get("content") or d.get("tool_calls") or d.get("reasoning_content") or c.get("text"))
+    kind = str(ev.get("type", ""))  # Anthropic's content_block_delta; the Responses API's *.delta
+    return kind == "content_block_delta" or (kind.startswith("response.") and kind.endswith(".delta"))
+
+
 def send(url: str, path: str, body: dict[str, Any]) -> tuple[float, float]:
     """(time to the first content event, total) of one streamed request, in seconds."""
     t0 = time.perf_counter()
@@ -68,7 +85,7 @@ def send(url: str, path: str, body: dict[str, Any]) -> tuple[float, float]:
         if r.status_code != 200:
             raise RuntimeError(f"{url}{path}: {r.status_code} {r.read()[:500]!r}")
         for line in r.iter_lines():
-            if first is None and line.startswith("data:") and ('"delta"' in line or '"choices"' in line):
+            if first is None and line.startswith("data:") and _generated(line[5:]):
                 first = time.perf_counter() - t0
     total = time.perf_counter() - t0
     return (first if first is not None else total), total
