@@ -166,7 +166,7 @@ class Suggestions:
             return None
         loop = asyncio.get_running_loop()
         within = self.reply_within(model)
-        by = loop.time() + (within if within is not None else JOIN_WAIT_S)
+        by = None if within is None else loop.time() + within  # answered with what a proposal holds then
         while (p := self._serving(chain := self._last.get(key, []), req.fim.prefix)) is not None:
             typed = typed_since(p.prefix, req.fim.prefix) or ""
             if p.done:
@@ -183,11 +183,13 @@ class Suggestions:
             if (lines := _whole_lines(p.text, typed)) is not None:
                 self.stats["answered"] += 1  # what an editor shows is here; the rest is still decoded
                 return lines
-            if (late := loop.time() >= by) and len(p.text) > len(typed):
+            left = JOIN_WAIT_S if by is None else by - loop.time()
+            if left <= 0 and len(p.text) > len(typed):
                 self.stats["answered"] += 1  # what it holds, before the editor drops this request
                 return p.text[len(typed):]
-            try:
-                await asyncio.wait_for(p.next_change(), JOIN_WAIT_S if late else max(0.0, by - loop.time()))
+            late = by is None or left <= 0
+            try:  # past `by` (or without one), only the safety net bounds the wait
+                await asyncio.wait_for(p.next_change(), JOIN_WAIT_S if late else left)
             except TimeoutError:
                 if late:
                     break

@@ -817,13 +817,12 @@ class LlamaCppEngine:
         if text:
             events.append(TokenEvent(a.req.id, text, 1, tuple(a.logprobs), dropped_messages=a.first_news()))
             a.logprobs.clear()
-            a.shown = True
         if stopped:
             self._finish(slot, "stop", events, flush=False)
             return False
         a.pending = token
         # answer now when the next token would come after reply_within_s
-        late = a.req.reply_within_s is not None and a.shown and now + step - a.t_received >= a.req.reply_within_s
+        late = a.req.reply_within_s is not None and a.told and now + step - a.t_received >= a.req.reply_within_s
         if (a.n_gen >= a.max_tokens or late) and a.req.propose_tokens > 0 and not a.proposing:
             # the reply ends here; a FIM proposal decodes on in the same slot (no prompt computed again)
             events.append(TokenEvent(a.req.id, "", 0, reply_end=self._usage(a)))

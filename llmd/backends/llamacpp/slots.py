@@ -49,8 +49,7 @@ class Active:
     accepted: int = 0
     logprobs: list[Any] = field(default_factory=list)  # sampled since the last event, when asked for
     dropped: int = 0  # old messages left out to fit (req.drop_old_messages)
-    told: bool = False  # an event has gone out (the first one carries `dropped`)
-    shown: bool = False  # some text has gone out
+    told: bool = False  # text has gone out (its first event carries `dropped`)
     proposing: bool = False  # past the reply's max_tokens, decoding on for the proposal (req.propose_tokens)
     heal: bytes = b""  # FIM: the text the first tokens must spell, not shown (backends/llamacpp/healing.py)
     fim_head: tuple[str, str, tuple[tuple[str, str], ...]] | None = None  # FIM: what comes before its middle (Slot)
