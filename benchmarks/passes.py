@@ -22,6 +22,7 @@ from _harness import cpu_name
 
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.context import Decoder, load_model, new_context, physical_cores
+from llmd.backends.repack import repack_for
 
 QWEN = Path.home() / ".cache/llmd/test-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 CONTEXT = 64  # tokens each slot holds before the timed steps
@@ -51,11 +52,12 @@ def main() -> None:
     ap.add_argument("--model", default=str(QWEN))
     ap.add_argument("--threads", type=int, default=physical_cores())
     args = ap.parse_args()
-    model = load_model(args.model)
+    repack = repack_for([args.model])  # llmd's own choice: repacking crashes on AMX CPUs
+    model = load_model(args.model, 0, repack)
     ctx = new_context(model, 4096 * 4, 512, 4, args.threads, unified=False)
     mem = L.llama_get_memory(ctx)
     batch = L.llama_batch_init(512, 0, 1)
-    decode = Decoder(ctx, True)
+    decode = Decoder(ctx, repack)
     pos = [0, 0, 0, 0]
 
     def step(counts: dict[int, int], pad: tuple[int, ...]) -> float:
@@ -80,7 +82,7 @@ def main() -> None:
         step({seq: CONTEXT}, ())
     base = 0.0
     print(f"# one step's cost by the slots it holds: {Path(args.model).name}, {cpu_name()}, "
-          f"{args.threads} threads, 4 KV streams, {CONTEXT} tokens in each; median of {STEPS} steps")
+          f"{args.threads} threads, weight repacking {'on' if repack else 'off'}, 4 KV streams, {CONTEXT} tokens in each; median of {STEPS} steps")
     print(f"{'step':<60}{'ms':>9}{'x one token':>13}")
     for what, counts, pad in CASES:
         took = statistics.median(step(counts, pad) for _ in range(STEPS))
