@@ -83,7 +83,7 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
     if urgent is not None:  # set by the daemon with each new request: idle work yields to it at once
         engine.interrupt = urgent.is_set
 
-    def heartbeat() -> None:  # inside a long call (embeddings): busy, not hung
+    def heartbeat() -> None:  # inside a long call (a prompt step, embeddings): busy, not hung
         nonlocal last_sent
         if time.monotonic() - last_sent > HEARTBEAT_S:
             conn.send([])
@@ -138,7 +138,9 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, urgent: Any =
         engine.close()
 
 
-HEARTBEAT_S = 5.0  # a busy worker sends at least this often, events or not
+# A busy worker sends at least this often, events or not. Well under any LLMD_HANG_S a person would
+# set (tests use 6): at 5 s, one slow graph operation on a loaded machine left a 6 s gap in CI.
+HEARTBEAT_S = 1.0
 
 
 class WorkerHandle:
@@ -162,6 +164,7 @@ class WorkerHandle:
         self._asked: dict[type, asyncio.Future[dict[str, Any]]] = {}  # StatsRequest, ClearCaches
         self.alive = True
         self.last_heard = time.monotonic()  # any message from the worker (events, heartbeat, stats)
+        self._busy_since = time.monotonic()  # when the worker last got a request while it had none open
         self.hung_for: float | None = None  # set when the daemon stopped it for not answering
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -181,10 +184,11 @@ class WorkerHandle:
         self._writer.start()
 
     def silent_for(self) -> float:
-        """Seconds since the worker last sent anything, while it has requests open (else 0)."""
+        """Seconds since the worker last sent anything, while it has requests open (else 0), counted
+        from the first open request at the earliest: an idle worker owes no messages."""
         if not self.alive or not self._queues or not self._loaded.done():
             return 0.0
-        return time.monotonic() - self.last_heard
+        return time.monotonic() - max(self.last_heard, self._busy_since)
 
     def kill_hung(self, silent: float) -> None:
         """Stop a worker that sends nothing while it has work: its requests get an error that says so
@@ -220,6 +224,8 @@ class WorkerHandle:
         with self._lock:
             if not self.alive:
                 raise EngineCrashed(f"the worker for {self.label} has exited; retry the request")
+            if not self._queues:
+                self._busy_since = time.monotonic()
             self._queues[req.id] = queue
             self._outbox.put(req)
             self._urgent.set()  # idle work in the worker yields now, before the request is even read

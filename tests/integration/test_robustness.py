@@ -360,6 +360,23 @@ def test_a_load_that_never_returns_times_out_and_one_model_cannot_take_every_adm
         d.stop()
 
 
+def test_a_worker_idle_longer_than_hang_s_is_not_stopped_by_its_next_request(tmp_path: Path):
+    """Silence is counted from the first open request at the earliest: a worker that sat idle past
+    LLMD_HANG_S owes no messages, and a long prompt's first step (no event until it ends) must not
+    get it stopped as hung."""
+    d = Daemon(tmp_path / "home", env={"LLMD_HANG_S": "3"}).start()
+    try:
+        time.sleep(5)  # idle, longer than LLMD_HANG_S
+        words = " ".join(f"w{i % 997}" for i in range(700))  # about 2,000 tokens: a first step of seconds
+        for i in range(2):
+            r = httpx.post(d.url + "/v1/completions", json={"prompt": f"{i} {words}", "max_tokens": 2}, timeout=600)
+            assert r.status_code == 200, r.text
+            time.sleep(5)
+        assert httpx.get(d.url + "/llmd/status").json()["worker_crashes"] == 0
+    finally:
+        d.stop()
+
+
 def test_a_long_embedding_request_is_busy_not_hung(tmp_path: Path):
     """Long inputs (one decode each, several seconds apiece on two cores) take longer than
     LLMD_HANG_S, alone and together: the worker's heartbeat, between inputs and between the

@@ -181,8 +181,8 @@ class LlamaCppEngine:
         self.heartbeat: Callable[[], None] | None = None  # set by the worker: "still working" for long calls
         self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
         self._join_until = 0.0  # a step started before this yields to a newcomer (JOIN_S)
-        self._join_cb = L.ggml_abort_callback(
-            lambda _data: time.perf_counter() < self._join_until and bool(self.interrupt and self.interrupt()))
+        self._joinable = False  # the running step may be given up for a newcomer
+        self._step_cb = L.ggml_abort_callback(lambda _data: self._step_watch())
         self.yielded = False  # the last step was given up for a newcomer: the worker waits for it a moment
         self.joins = 0  # steps given up so that requests that arrived together share one
         self.prefix = (PrefixCache(cfg.prefix_dir, cfg.prefix_max_bytes, cfg.prefix_ram_bytes, cfg.model_digest,
@@ -712,14 +712,18 @@ class LlamaCppEngine:
         self._threads_for(n)
         # (exact prefills one chunk a step, oldest first: a newcomer could not share it)
         joinable = not self.exact and t_step < self._join_until and self.interrupt is not None
+        # a prompt's step is watched between its graph operations (a Python call each: a few ms a
+        # step, too much for a decode alone of ~40 ms, nothing beside a prefill's seconds)
+        watched = joinable or bool(parts)
         with prof.span("prefill" if parts else "decode"):
             t0 = time.perf_counter()
-            if joinable:
-                self._L.llama_set_abort_callback(self.ctx, self._join_cb, None)
+            if watched:
+                self._joinable = joinable
+                self._L.llama_set_abort_callback(self.ctx, self._step_cb, None)
             try:
                 rc = self._llama_decode(self.batch)
             finally:
-                if joinable:
+                if watched:
                     self._L.llama_set_abort_callback(self.ctx, self._L.ggml_abort_callback(), None)
             if rc == 0 and decoding and not parts:
                 self.spec.observe(n, time.perf_counter() - t0)
@@ -937,6 +941,15 @@ class LlamaCppEngine:
             slot.tokens.extend(chunk)
         else:
             self._L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
+
+    def _step_watch(self) -> bool:
+        """Between a watched step's graph operations: tell the daemon the worker is still working
+        (hundreds of prompt tokens in one step of a large model on a few cores can outlast
+        LLMD_HANG_S), and give the step up (True) for a request that arrived with it (JOIN_S)."""
+        if self.heartbeat is not None:
+            self.heartbeat()
+        return (self._joinable and time.perf_counter() < self._join_until
+                and bool(self.interrupt and self.interrupt()))
 
     def _run_abortable(self, slot: Slot, tokens: list[int], start: int) -> bool:
         """Idle work's decode: a command arriving from the daemon aborts it (False), so idle work
