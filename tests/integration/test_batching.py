@@ -227,6 +227,18 @@ def test_a_shared_system_prompt_is_copied_from_the_slot_that_holds_it(fast8: Dae
         assert "Paris" in text, got
 
 
+def test_a_lone_request_never_gives_up_its_first_step(fast8: Daemon):
+    """Only a request still on its way to the worker makes a burst's first step yield: the request
+    the step is for must not (a flag raised with each request once aborted every lone request's
+    first step and waited for a newcomer that never came: 13-38 ms of its first token)."""
+    before = worker_stats(fast8.url)["stats"]["joins"]
+    for i in range(3):
+        text, _ = chat(fast8.url, f"Lone {i}.", "Name a colour.", 8)
+        assert text
+        time.sleep(0.3)  # idle in between: each request starts a burst
+    assert worker_stats(fast8.url)["stats"]["joins"] == before
+
+
 def test_a_request_sent_moments_after_another_shares_its_first_step(fast8: Daemon):
     """Requests sent together reach the engine tens of milliseconds apart. The first one's step,
     begun alone, is given up when the second arrives within JOIN_S (its KV removed, the abort
