@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -41,8 +43,18 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
     raise RuntimeError(f"{url} did not answer in {timeout}s")
 
 
-def start_llmd(env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, Path]:
+def bench_home() -> Path:
+    """A new data dir for a benchmark's daemon, removed when the benchmark ends (each holds a
+    prefix cache of hundreds of MB: runs left behind filled the disk) unless LLMD_BENCH_KEEP=1,
+    for reading its logs afterwards."""
     home = Path(tempfile.mkdtemp(prefix="llmd-bench-"))
+    if os.environ.get("LLMD_BENCH_KEEP") != "1":
+        atexit.register(shutil.rmtree, home, True)
+    return home
+
+
+def start_llmd(env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, Path]:
+    home = bench_home()
     port = free_port()
     full_env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": str(port), **(env or {})}
     log = (home / "daemon.out").open("wb")
@@ -66,7 +78,7 @@ def start_llmd_with(models: dict[str, str], env: dict[str, str] | None = None,
     """llmd serving GGUF files registered under the given names (the first is the default model),
     loaded before this returns. With `home`, a daemon that ran there before (models registered)."""
     fresh = home is None
-    home = home or Path(tempfile.mkdtemp(prefix="llmd-bench-"))
+    home = home or bench_home()
     name = next(iter(models))
     full_env = {**os.environ, "LLMD_HOME": str(home), "LLMD_PORT": str(free_port()), "LLMD_MODEL": name,
                 "LLMD_PRELOAD": "0", **(env or {})}
