@@ -361,13 +361,13 @@ def test_a_load_that_never_returns_times_out_and_one_model_cannot_take_every_adm
 
 
 def test_a_worker_idle_longer_than_hang_s_is_not_stopped_by_its_next_request(tmp_path: Path):
-    """Silence is counted from the first open request at the earliest: a worker that sat idle past
-    LLMD_HANG_S owes no messages, and a long prompt's first step (no event until it ends) must not
-    get it stopped as hung."""
+    """Silence is counted from the first open request at the earliest (a worker that sat idle past
+    LLMD_HANG_S owes no messages), and a long prompt's steps (seconds each, no event until the
+    prompt is done) heartbeat from inside: neither gets the worker stopped as hung."""
     d = Daemon(tmp_path / "home", env={"LLMD_HANG_S": "3"}).start()
     try:
         time.sleep(5)  # idle, longer than LLMD_HANG_S
-        words = " ".join(f"w{i % 997}" for i in range(700))  # about 2,000 tokens: a first step of seconds
+        words = " ".join(f"w{i % 997}" for i in range(700))  # 2,691 tokens: steps of ~3 s on two cores
         for i in range(2):
             r = httpx.post(d.url + "/v1/completions", json={"prompt": f"{i} {words}", "max_tokens": 2}, timeout=600)
             assert r.status_code == 200, r.text
