@@ -55,7 +55,19 @@ def test_cost_measurement_gives_way_to_a_command():
         assert spec.measure_cost(d._llama_decode, d.batch, d.mem, 0, 1, interrupted=lambda: True) is False
         assert spec.cost == {}
         L.llama_memory_seq_rm(d.mem, 0, -1, -1)
-        assert spec.measure_cost(d._llama_decode, d.batch, d.mem, 0, 1) is True
-        assert sorted(spec.cost) == [0, 1, 2, 4, 8]
+        # a command after the first point's three timings: that point is kept, nothing is used yet
+        checks = iter([False] * 3 + [True])
+        assert spec.measure_cost(d._llama_decode, d.batch, d.mem, 0, 1, interrupted=lambda: next(checks)) is False
+        assert spec.cost == {} and sorted(spec.measured) == [0]
+        L.llama_memory_seq_rm(d.mem, 0, -1, -1)
+        # the next idle moment measures only the rest: the context, then 3 timings of each of 4 points
+        decodes = []
+
+        def counted(batch: object) -> int:
+            decodes.append(batch)
+            return d._llama_decode(batch)
+
+        assert spec.measure_cost(counted, d.batch, d.mem, 0, 1) is True
+        assert sorted(spec.cost) == [0, 1, 2, 4, 8] and len(decodes) == 1 + 3 * 4
     finally:
         d.close()

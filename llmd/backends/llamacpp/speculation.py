@@ -41,6 +41,11 @@ UNMEASURED_ROW_S = 1.0
 # looked cheap to catch up: the 0.5B draft then spent 128 tokens of prefill in each of 67 steps
 # (750 ms a step) for a 95-token reply that never drafted.
 TYPICAL_REPLY = 256
+# t(k) is measured at these draft lengths (linear between), each after a context this long: long
+# enough to attend over, short enough that redoing it after an interruption costs little (16
+# tokens ~0.3 s on the 1.5B on two cores; 64 took ~1.5 s)
+COST_POINTS = (0, 1, 2, 4, 8)
+COST_CONTEXT = 16
 
 
 @dataclass
@@ -61,6 +66,8 @@ class Speculator:
         # drafts verified -> seconds for that batch: measured when idle, then kept up to date by real steps
         self.cost: dict[int, float] = {}
         self.want_cost = False
+        # points of a measurement a command cut short: the next idle moment measures only the rest
+        self.measured: dict[int, float] = {}
         self.totals = {"ngram": [0, 0], "draft": [0, 0]}  # drafter -> [drafted, accepted]
         # recent acceptance across requests: where a new request's estimate starts
         self.prior = {"ngram": FIRST_GUESS, "draft": FIRST_GUESS}
@@ -187,34 +194,37 @@ class Speculator:
 
     def measure_cost(self, decode: Callable[[Any], int], batch: Any, mem: Any, seq: int, token: int,
                      interrupted: Callable[[], bool] = lambda: False) -> bool:
-        """t(k): the best of 3 timings of verifying k drafts after a 64-token context, in sequence
-        `seq` (which the caller gives up for it). Given up (False, nothing recorded) when a decode
-        fails or is aborted, or `interrupted` says a command is waiting: it runs again when idle."""
+        """t(k): the best of 3 timings of verifying k drafts after a short context, in sequence
+        `seq` (which the caller gives up for it). Given up (False) when a decode fails or is
+        aborted, or `interrupted` says a command is waiting; the points measured by then are kept,
+        so the next idle moment measures only the rest (restarting cost a client that sends a
+        request every few seconds both cores between its requests, for as long as it kept on)."""
         import llama_cpp as L
 
-        for j in range(64):
-            put(batch, j, token, j, seq, False)
-        batch.n_tokens = 64
-        if decode(batch) != 0:
-            return False
-        cost: dict[int, float] = {}
-        for k in (0, 1, 2, 4, 8):
+        todo = [k for k in COST_POINTS if k not in self.measured]
+        if todo:
+            for j in range(COST_CONTEXT):
+                put(batch, j, token, j, seq, False)
+            batch.n_tokens = COST_CONTEXT
+            if decode(batch) != 0:
+                return False
+        for k in todo:
             best = float("inf")
             for _ in range(3):
                 if interrupted():
                     return False
                 for j in range(k + 1):
-                    put(batch, j, token, 64 + j, seq, True)
+                    put(batch, j, token, COST_CONTEXT + j, seq, True)
                 batch.n_tokens = k + 1
                 t0 = time.perf_counter()
                 rc = decode(batch)
                 best = min(best, time.perf_counter() - t0)
-                L.llama_memory_seq_rm(mem, seq, 64, -1)
+                L.llama_memory_seq_rm(mem, seq, COST_CONTEXT, -1)
                 if rc != 0:
                     return False
-            cost[k] = best
-        self.cost = cost
-        log.info("verification cost by draft length (ms): %s", {k: round(v * 1000, 1) for k, v in cost.items()})
+            self.measured[k] = best
+        self.cost = dict(self.measured)
+        log.info("verification cost by draft length (ms): %s", {k: round(v * 1000, 1) for k, v in self.cost.items()})
         return True
 
     def observe(self, rows: int, seconds: float) -> None:
