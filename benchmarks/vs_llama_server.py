@@ -312,7 +312,8 @@ def real_model(args: argparse.Namespace) -> None:
     print(f"# llmd vs llama-server: {name}, {cpu}, {os.cpu_count()} CPUs, llama-server -np 4 -c 16384 -t {THREADS}; "
           f"medians of {args.rounds} rounds (the first, cold, round of short chat left out), the systems taking turns")
     print(f"# llmd with its defaults: {m.get('n_slots', '?')} slots x {m.get('n_ctx', '?')} tokens "
-          f"({m.get('ctx_reason', '')}), threads auto (up to {m.get('threads', '?')})")
+          f"({m.get('ctx_reason', '')}), threads auto (up to {m.get('threads', '?')}), attention "
+          f"{m.get('attention', '?')} (llama-server: flash attention, its auto)")
     print(f"# llmd: draft {m.get('draft')} ({m.get('draft_reason')}); speculation measured live: "
           f"{(m.get('stats') or {}).get('speculation', {}).get('speedup')}")
     labels = [p.name for p in peers]

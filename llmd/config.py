@@ -171,6 +171,7 @@ class Settings:
     draft: str = ""
     auto_draft: bool = True
     repack: str = "auto"
+    flash_attn: str = "auto"
     kl_warn: float = 0.05
     hang_s: float = 120.0
     load_timeout_s: float = 600.0
@@ -237,6 +238,9 @@ SETTINGS: tuple[Setting, ...] = (
             "less as its draft model, when none is paired (`llmd models pair T --none` refuses one)"),
     Setting("repack", "llama.cpp weight repacking (AMX and other CPU layouts): auto (on unless it "
             "crashed on this CPU before; see `llmd doctor`), on or off"),
+    Setting("flash_attn", "llama.cpp's flash-attention kernel: auto (off for a model on the CPU under the fast "
+            "policy, where matrix products attend faster past a few hundred tokens; on with GPU layers or "
+            "the exact policy), on or off"),
     Setting("kl_warn", "`llmd eval` warns when the KL divergence from the base model is above this"),
     Setting("standby", "keep one worker process started ahead, so loads and switches skip its start"),
     Setting("remote_read_s", "a remote model's upstream that sends nothing this many seconds in a reply is cut "
@@ -285,6 +289,8 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
     fixed_ctx(settings.ctx)
     if settings.repack not in ("auto", "on", "off"):
         raise ValueError(f"LLMD_REPACK={settings.repack!r}: use auto, on or off")
+    if settings.flash_attn not in ("auto", "on", "off"):
+        raise ValueError(f"LLMD_FLASH_ATTN={settings.flash_attn!r}: use auto, on or off")
     for name in ("port", "slots", "chunk", "max_queue", "max_body", "max_loaded", "prefill_budget",
                  "load_timeout_s", "max_queue_model"):
         if getattr(settings, name) <= 0:

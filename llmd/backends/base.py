@@ -210,6 +210,7 @@ class EngineConfig:
     draft_path: str = ""  # a paired draft model (same vocabulary) for speculation; "" = none
     speculation: str = "auto"  # the daemon's default (TensorRT-LLM fixes it at load; llama.cpp per request)
     repack: bool = True  # llama.cpp weight repacking (extra buffer types); off where it crashed
+    flash_attn: str = "auto"  # llama.cpp's flash-attention kernel: auto | on | off (context.flash_attention)
     exact: bool = False  # the exact batching policy (LLMD_EXACT); else the fast one
     prefill_budget: int = 128  # prompt tokens per step while other streams decode (fast policy)
     prefix_ram_bytes: int = 0  # in-memory tier of the prefix cache (recently evicted sequences)

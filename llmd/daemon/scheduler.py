@@ -33,6 +33,7 @@ from llmd.backends.base import (
     GenerationRequest,
     Handle,
 )
+from llmd.backends.llamacpp.context import flash_attention
 from llmd.backends.repack import Decision, RepackRecord
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
@@ -283,8 +284,11 @@ class Scheduler:
         draft_info = (await asyncio.to_thread(read_gguf, draft["path"])
                       if draft and choice.backend == "llama.cpp" else None)
         ctx = self._context(name, info, draft_info)
+        gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
+        # the target's attention kernel (its scratch counts); the draft model keeps flash attention
+        flash = flash_attention(s.flash_attn, s.exact, gpu_layers) if choice.backend == "llama.cpp" else True
         try:
-            estimate = (await asyncio.to_thread(check_fit, name, info, ctx.n_ctx, s.slots, None, draft_info)
+            estimate = (await asyncio.to_thread(check_fit, name, info, ctx.n_ctx, s.slots, None, draft_info, flash)
                         if info is not None else None)
         except DoesNotFit:
             if not draft_why.startswith(AUTOMATIC) or info is None:
@@ -294,8 +298,7 @@ class Scheduler:
             draft_why = f"{draft['name']} (paired automatically) was left out: it and {name} do not fit in memory together"
             draft, draft_info = None, None
             ctx = self._context(name, info, None)
-            estimate = await asyncio.to_thread(check_fit, name, info, ctx.n_ctx, s.slots, None, None)
-        gpu_layers = s.gpu_layers if s.gpu_layers >= 0 else choice.gpu_layers
+            estimate = await asyncio.to_thread(check_fit, name, info, ctx.n_ctx, s.slots, None, None, flash)
         model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
         cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=ctx.n_ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=fixed_threads(s.threads), gpu_layers=gpu_layers, model_digest=row["digest"],
@@ -304,7 +307,7 @@ class Scheduler:
                            prefix_key_file=str(s.paths.prefix_key),
                            prefix_min_tokens=s.prefix_min_tokens, profile=s.profile, exact=s.exact,
                            prefill_budget=s.prefill_budget, prefix_ram_bytes=s.prefix_ram_mb * 1024 * 1024,
-                           speculation=s.speculation,
+                           speculation=s.speculation, flash_attn=s.flash_attn,
                            draft_path=(draft["hf_path"] if choice.backend == "tensorrt" else draft["path"]) if draft
                            else "")
         file_types = tuple(i.quantization for i in (info, draft_info) if i is not None)

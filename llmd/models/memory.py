@@ -3,7 +3,9 @@
 Weights are the GGUF's tensor bytes. The KV cache is context x slots x per-token bytes from
 n_layer, n_head_kv and head sizes (f16 K and V). Compute buffers were fitted on the worker's
 measured RSS growth with SmolLM2-135M (49k vocab: ~22 MB) and Gemma 3 270M (262k vocab: ~65 MB)
-at n_ubatch 512: about 12 MB plus 200 bytes per vocabulary entry.
+at n_ubatch 512: about 12 MB plus 200 bytes per vocabulary entry. Without flash attention the
+attention scores of a whole micro-batch against a whole slot are held at once (f32, every head):
+that scratch grows with the context, so the micro-batch is made small enough to bound it.
 """
 
 from __future__ import annotations
@@ -40,12 +42,35 @@ class Estimate:
         return {**asdict(self), "total": self.total}
 
 
-def estimate(info: GGUFInfo, n_ctx: int, n_slots: int) -> Estimate:
+# Without flash attention llama.cpp holds one micro-batch's attention scores against a whole KV
+# stream (n_ctx x n_ubatch x n_head f32): the micro-batch is cut so they stay under this. llama-server
+# reserves 848 MiB of compute for a 1.5B model at 32,768 tokens a slot and n_ubatch 512 that way.
+# On two cores a 2,048-token prefill took the same time in micro-batches of 64 as of 512.
+ATTN_SCRATCH = 128 * MB
+MAX_UBATCH = 512
+MIN_UBATCH = 32
+
+
+def attention_ubatch(n_ctx: int, n_head: int) -> int:
+    """The largest power-of-two micro-batch (MIN_UBATCH..MAX_UBATCH) whose attention scores
+    against `n_ctx` tokens of every head fit ATTN_SCRATCH (used without flash attention)."""
+    ub = MAX_UBATCH
+    while ub > MIN_UBATCH and n_ctx * ub * max(1, n_head) * 4 > ATTN_SCRATCH:
+        ub //= 2
+    return ub
+
+
+def attention_scratch(n_ctx: int, n_head: int) -> int:
+    """Bytes of attention scores a context without flash attention holds at most."""
+    return n_ctx * attention_ubatch(n_ctx, n_head) * max(1, n_head) * 4
+
+
+def estimate(info: GGUFInfo, n_ctx: int, n_slots: int, flash_attn: bool = True) -> Estimate:
     weights = info.file_size - info.data_offset
     kv = n_ctx * n_slots * info.kv_bytes_per_token()
     vocab = info.metadata.get("tokenizer.ggml.tokens")
     n_vocab = vocab if isinstance(vocab, int) else 32000
-    compute = 12 * 1000 * 1000 + 200 * n_vocab
+    compute = 12 * 1000 * 1000 + 200 * n_vocab + (0 if flash_attn else attention_scratch(n_ctx, info.n_head))
     return Estimate(weights, kv, compute, n_ctx, n_slots)
 
 
@@ -118,12 +143,12 @@ def available_bytes() -> int:
 
 
 def check_fit(name: str, info: GGUFInfo, n_ctx: int, n_slots: int, available: int | None = None,
-              draft: GGUFInfo | None = None) -> Estimate:
+              draft: GGUFInfo | None = None, flash_attn: bool = True) -> Estimate:
     """Raise DoesNotFit, with the numbers and the ways out, when the load would not fit in RAM.
     A paired draft model loads in the same worker with the same slots: it counts too."""
-    est = estimate(info, n_ctx, n_slots)
+    est = estimate(info, n_ctx, n_slots, flash_attn)
     if draft is not None:
-        d = estimate(draft, n_ctx, n_slots)
+        d = estimate(draft, n_ctx, n_slots, flash_attn)
         est = Estimate(est.weights + d.weights, est.kv + d.kv, est.compute + d.compute, n_ctx, n_slots)
     avail = available_bytes() if available is None else available
     if est.total <= avail:

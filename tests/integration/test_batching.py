@@ -67,6 +67,14 @@ def worker_stats(url: str) -> dict:
     return httpx.get(url + "/llmd/status").json()["loaded"][0]
 
 
+def test_each_policy_attends_with_its_kernel(fast8: Daemon, daemon8: Daemon):
+    """On the CPU the fast policy attends by matrix products (faster past a few hundred tokens),
+    in micro-batches that bound the scores held; exact keeps flash attention, which its
+    batch-invariance (this module's equality tests) was measured with."""
+    assert worker_stats(fast8.url)["attention"] == "matmul (micro-batches of 512)"  # 2,560 tokens a slot
+    assert worker_stats(daemon8.url)["attention"] == "flash"
+
+
 @pytest.mark.parametrize("n", [4, 8])
 def test_concurrent_greedy_equals_one_at_a_time(daemon8: Daemon, n: int):
     alone = [complete(daemon8.url, p) for p in PROMPTS[:n]]

@@ -101,10 +101,26 @@ def load_model(path: str, gpu_layers: int = 0, repack: bool = True, what: str = 
     return model
 
 
+def flash_attention(setting: str, exact: bool, gpu_layers: int) -> bool:
+    """Whether a generation context uses llama.cpp's flash-attention kernel (LLMD_FLASH_ATTN).
+
+    auto: off for a model on the CPU under the fast policy. There the CPU kernel attends query by
+    query, where without it the scores are matrix products: on the 1.5B on two cores a 15-token
+    step after 1,000 tokens took 397 ms against 490 with it, after 3,000 452 against 680, one
+    decoded token after 3,000 67 against 74; 2-3% slower under 100 tokens (benchmarks/attention.py).
+    On with GPU layers (less memory, and faster there) and under the exact policy, whose
+    batch-invariance rules were measured with it (several sequences' decode rows in one batch are
+    identical to each alone only with flash attention)."""
+    if setting in ("on", "off"):
+        return setting == "on"
+    return exact or gpu_layers != 0
+
+
 def new_context(model: Any, n_ctx: int, n_batch: int, n_seq: int, threads: int, unified: bool = True,
-                n_ubatch: int | None = None, pooling: int | None = None) -> Any:
-    """A context with flash attention; None when llama.cpp cannot allocate it. With `pooling` (a
-    LLAMA_POOLING_TYPE_*; UNSPECIFIED: the model's own) it computes embeddings instead of logits."""
+                n_ubatch: int | None = None, pooling: int | None = None, flash_attn: bool = True) -> Any:
+    """A context, with flash attention unless told otherwise; None when llama.cpp cannot allocate
+    it. With `pooling` (a LLAMA_POOLING_TYPE_*; UNSPECIFIED: the model's own) it computes
+    embeddings instead of logits."""
     import llama_cpp as L
 
     cp = L.llama_context_default_params()
@@ -116,7 +132,7 @@ def new_context(model: Any, n_ctx: int, n_batch: int, n_seq: int, threads: int, 
     cp.n_ubatch = n_ubatch or n_batch
     cp.n_seq_max = n_seq
     cp.kv_unified = unified
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.n_threads = cp.n_threads_batch = threads or physical_cores()
     cp.no_perf = True
     return L.llama_init_from_model(model, cp)

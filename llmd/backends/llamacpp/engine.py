@@ -48,6 +48,7 @@ from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.chunks import ChunkGrid
 from llmd.backends.llamacpp.context import (
     Decoder,
+    flash_attention,
     load_model,
     new_context,
     physical_cores,
@@ -73,6 +74,7 @@ from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
 from llmd.chat.tools import prepare_tools
 from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
+from llmd.models.memory import attention_ubatch
 
 log = logging.getLogger("llmd.engine")
 # a run of at least this many tokens that a slot holds at other positions is moved rather than
@@ -138,8 +140,13 @@ class LlamaCppEngine:
         # with a unified buffer every token attends over the cells of every slot (masked), and since
         # fast keeps each slot's KV for reuse, cold prefill beside three filled slots ran at 169 tok/s
         # unified against 210 per slot; 4-stream decode 110 against 119 tok/s.
+        # Attention: flash_attention says which kernel and why; without flash attention the
+        # micro-batch is cut so its scores against a whole slot stay bounded (models/memory.py)
+        self.flash_attn = flash_attention(cfg.flash_attn, cfg.exact, cfg.gpu_layers)
+        self.n_ubatch = (self.n_batch if self.flash_attn
+                         else min(self.n_batch, attention_ubatch(cfg.n_ctx, L.llama_model_n_head(self.model))))
         self.ctx = new_context(self.model, cfg.n_ctx * cfg.n_slots, self.n_batch, cfg.n_slots, threads,
-                               unified=False)
+                               unified=False, n_ubatch=self.n_ubatch, flash_attn=self.flash_attn)
         if not self.ctx:
             L.llama_model_free(self.model)
             raise EngineError(
@@ -186,7 +193,8 @@ class LlamaCppEngine:
         self.yielded = False  # the last step was given up for a newcomer: the worker waits for it a moment
         self.joins = 0  # steps given up so that requests that arrived together share one
         self.prefix = (PrefixCache(cfg.prefix_dir, cfg.prefix_max_bytes, cfg.prefix_ram_bytes, cfg.model_digest,
-                                   cfg.chunk, cfg.exact, cfg.prefix_min_tokens, _key(cfg.prefix_key_file))
+                                   cfg.chunk, cfg.exact, cfg.prefix_min_tokens, _key(cfg.prefix_key_file),
+                                   self.flash_attn)
                        if cfg.model_digest else None)
         t_warm = time.perf_counter()
         n_warm = self._warm_up()
@@ -219,6 +227,7 @@ class LlamaCppEngine:
             "chunk": self.chunk,
             "policy": "exact" if self.exact else "fast",
             "prefill_budget": self.budget,
+            "attention": "flash" if self.flash_attn else f"matmul (micro-batches of {self.n_ubatch})",
             "threads": self.governor.most,
             "gpu_layers": min(self.cfg.gpu_layers, int(L.llama_model_n_layer(self.model)))
             if self._L.llama_supports_gpu_offload() else 0,

@@ -46,12 +46,13 @@ class Hit:
 
 class PrefixCache:
     def __init__(self, root: str, max_bytes: int, ram_bytes: int, model_digest: str, chunk: int, exact: bool,
-                 min_tokens: int, key: bytes = b"") -> None:
-        """`key`: the HMAC key entries are signed with; without one the disk tier is off."""
+                 min_tokens: int, key: bytes = b"", flash_attn: bool = True) -> None:
+        """`key`: the HMAC key entries are signed with; without one the disk tier is off.
+        `flash_attn`: without it llama.cpp stores V transposed, so the states differ in layout."""
         self.chunk = chunk
         self.exact = exact
         self.min_tokens = min_tokens
-        self.ns = namespace(model_digest, chunk, "exact" if exact else "fast")
+        self.ns = namespace(model_digest, chunk, "exact" if exact else "fast", "f16" if flash_attn else "f16-vt")
         self.disk = PrefixStore(Path(root), max_bytes, key) if root and max_bytes > 0 and key else None
         self.writer = PrefixWriter(Path(root), max_bytes, key) if self.disk is not None else None
         self.reader = PrefixReader(Path(root), max_bytes, key) if self.disk is not None else None

@@ -1,0 +1,62 @@
+"""Which attention kernel a llama.cpp context uses (LLMD_FLASH_ATTN), and what attending without
+flash attention costs in memory: the micro-batch is cut so the scores stay bounded, and the fit
+check counts them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmd.backends.llamacpp.context import flash_attention
+from llmd.backends.llamacpp.prefix_store import namespace
+from llmd.config import load_settings
+from llmd.models.gguf import GGUFInfo
+from llmd.models.memory import ATTN_SCRATCH, MAX_UBATCH, MIN_UBATCH, attention_scratch, attention_ubatch, estimate
+
+MIB = 1024 ** 2
+
+
+def info(train: int = 32768, heads: int = 12) -> GGUFInfo:
+    md = {"general.architecture": "qwen2", "qwen2.context_length": train, "qwen2.block_count": 28,
+          "qwen2.attention.head_count": heads, "qwen2.attention.head_count_kv": 2,
+          "qwen2.embedding_length": heads * 128, "tokenizer.ggml.tokens": 151936}
+    return GGUFInfo(path=Path("m.gguf"), version=3, metadata=md, n_params=0, file_size=1000 * MIB, data_offset=0)
+
+
+def test_auto_attends_by_matrix_products_only_on_the_cpu_under_the_fast_policy():
+    assert flash_attention("auto", exact=False, gpu_layers=0) is False
+    assert flash_attention("auto", exact=True, gpu_layers=0) is True  # its batch-invariance rules need it
+    assert flash_attention("auto", exact=False, gpu_layers=99) is True  # the GPU: less memory, faster
+    assert flash_attention("on", exact=False, gpu_layers=0) is True
+    assert flash_attention("off", exact=True, gpu_layers=99) is False  # asked for: as asked
+
+
+def test_the_setting_is_checked():
+    assert load_settings({}, env={}).flash_attn == "auto"
+    assert load_settings(env={"LLMD_FLASH_ATTN": "off"}).flash_attn == "off"
+    with pytest.raises(ValueError, match="LLMD_FLASH_ATTN='fast': use auto, on or off"):
+        load_settings(env={"LLMD_FLASH_ATTN": "fast"})
+
+
+def test_the_micro_batch_bounds_the_scores_held_at_once():
+    # the 1.5B at its trained 32,768 tokens a slot: 512 would hold 768 MiB of scores
+    assert attention_ubatch(32768, 12) == 64
+    assert attention_scratch(32768, 12) == 32768 * 64 * 12 * 4 <= ATTN_SCRATCH
+    assert attention_ubatch(2048, 9) == MAX_UBATCH  # a short context keeps the largest
+    assert attention_ubatch(10 ** 6, 64) == MIN_UBATCH  # never below the floor, even past the bound
+    for n_ctx in (4096, 8192, 16384, 32768, 131072):
+        ub = attention_ubatch(n_ctx, 28)
+        assert ub & (ub - 1) == 0 and (ub == MIN_UBATCH or n_ctx * ub * 28 * 4 <= ATTN_SCRATCH)
+
+
+def test_the_fit_check_counts_the_scores_without_flash_attention():
+    m = info()
+    with_fa, without = estimate(m, 32768, 4), estimate(m, 32768, 4, flash_attn=False)
+    assert without.kv == with_fa.kv and without.compute - with_fa.compute == attention_scratch(32768, 12)
+
+
+def test_prefix_cache_entries_of_the_two_kernels_never_mix():
+    """Without flash attention llama.cpp stores V transposed: a saved state of one layout cannot be
+    restored into the other, so the two are separate namespaces."""
+    assert namespace("d", 64, "fast", "f16") != namespace("d", 64, "fast", "f16-vt")
