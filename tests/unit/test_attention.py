@@ -12,7 +12,14 @@ from llmd.backends.llamacpp.context import flash_attention
 from llmd.backends.llamacpp.prefix_store import namespace
 from llmd.config import load_settings
 from llmd.models.gguf import GGUFInfo
-from llmd.models.memory import ATTN_SCRATCH, MAX_UBATCH, MIN_UBATCH, attention_scratch, attention_ubatch, estimate
+from llmd.models.memory import (
+    ATTN_SCRATCH,
+    MAX_UBATCH,
+    MIN_UBATCH,
+    attention_scratch,
+    attention_ubatch,
+    estimate,
+)
 
 MIB = 1024 ** 2
 
