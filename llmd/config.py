@@ -238,9 +238,9 @@ SETTINGS: tuple[Setting, ...] = (
             "less as its draft model, when none is paired (`llmd models pair T --none` refuses one)"),
     Setting("repack", "llama.cpp weight repacking (AMX and other CPU layouts): auto (on unless it "
             "crashed on this CPU before; see `llmd doctor`), on or off"),
-    Setting("flash_attn", "llama.cpp's flash-attention kernel: auto (off for a model on the CPU under the fast "
-            "policy, where matrix products attend faster past a few hundred tokens; on with GPU layers or "
-            "the exact policy), on or off"),
+    Setting("flash_attn", "llama.cpp's flash-attention kernel: auto (on, as llama-server) or on; off attends by "
+            "matrix products on the CPU under the fast policy, faster past a few hundred tokens of context "
+            "(benchmarks/attention.py), not yet the default (README)"),
     Setting("kl_warn", "`llmd eval` warns when the KL divergence from the base model is above this"),
     Setting("standby", "keep one worker process started ahead, so loads and switches skip its start"),
     Setting("remote_read_s", "a remote model's upstream that sends nothing this many seconds in a reply is cut "

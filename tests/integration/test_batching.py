@@ -67,12 +67,20 @@ def worker_stats(url: str) -> dict:
     return httpx.get(url + "/llmd/status").json()["loaded"][0]
 
 
-def test_each_policy_attends_with_its_kernel(fast8: Daemon, daemon8: Daemon):
-    """On the CPU the fast policy attends by matrix products (faster past a few hundred tokens),
-    in micro-batches that bound the scores held; exact keeps flash attention, which its
-    batch-invariance (this module's equality tests) was measured with."""
-    assert worker_stats(fast8.url)["attention"] == "matmul (micro-batches of 512)"  # 2,560 tokens a slot
+def test_each_policy_attends_with_flash_attention_by_default(fast8: Daemon, daemon8: Daemon):
+    """LLMD_FLASH_ATTN=auto keeps llama.cpp's flash-attention kernel under both policies (the exact
+    one's batch-invariance, this module's equality tests, was measured with it)."""
+    assert worker_stats(fast8.url)["attention"] == "flash"
     assert worker_stats(daemon8.url)["attention"] == "flash"
+
+
+def test_flash_attention_off_attends_by_matrix_products_in_bounded_micro_batches(tmp_path: Path):
+    d = Daemon(tmp_path / "home", env={"LLMD_CTX": "2560", "LLMD_FLASH_ATTN": "off"}).start()
+    try:
+        assert worker_stats(d.url)["attention"] == "matmul (micro-batches of 512)"  # 2,560 tokens a slot
+        assert complete(d.url, PROMPTS[0]).strip()
+    finally:
+        d.stop()
 
 
 @pytest.mark.parametrize("n", [4, 8])

@@ -104,16 +104,15 @@ def load_model(path: str, gpu_layers: int = 0, repack: bool = True, what: str = 
 def flash_attention(setting: str, exact: bool, gpu_layers: int) -> bool:
     """Whether a generation context uses llama.cpp's flash-attention kernel (LLMD_FLASH_ATTN).
 
-    auto: off for a model on the CPU under the fast policy. There the CPU kernel attends query by
-    query, where without it the scores are matrix products: on the 1.5B on two cores a 15-token
-    step after 1,000 tokens took 397 ms against 490 with it, after 3,000 452 against 680, one
-    decoded token after 3,000 67 against 74; 2-3% slower under 100 tokens (benchmarks/attention.py).
-    On with GPU layers (less memory, and faster there) and under the exact policy, whose
-    batch-invariance rules were measured with it (several sequences' decode rows in one batch are
-    identical to each alone only with flash attention)."""
-    if setting in ("on", "off"):
-        return setting == "on"
-    return exact or gpu_layers != 0
+    auto: on, as llama-server's `-fa auto` on the CPU. off attends by matrix products, which on the
+    1.5B on two cores made a 15-token step after 3,000 tokens 0.65x as long and a decoded token there
+    0.84x, and cost 4-11% under 100 tokens (benchmarks/attention.py). It is not auto's choice yet:
+    with it as the default, a Claude Code run in CI decoded at about one token a second after its
+    11,700-token prompt until its 900 s limit (not yet explained). The exact policy and GPU layers
+    keep flash attention whatever is asked: its batch-invariance rules were measured with it."""
+    if exact or gpu_layers != 0:
+        return True
+    return setting != "off"
 
 
 def new_context(model: Any, n_ctx: int, n_batch: int, n_seq: int, threads: int, unified: bool = True,
