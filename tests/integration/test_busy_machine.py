@@ -109,3 +109,36 @@ def test_fixed_threads_never_change(tmp_path: Path):
         assert seen[-1]["reason"] == "fixed at 2 (LLMD_THREADS)"
     finally:
         d.stop()
+
+
+def test_exact_keeps_its_threads_and_its_answer_while_another_program_is_busy(tmp_path: Path):
+    """The exact policy's greedy answer must not depend on what else runs: llama.cpp's decode logits
+    change with the thread count, and a busy loop beside the daemon (auto threads backing off)
+    flipped this answer's near-tie in 5 of 6 runs before exact kept its count."""
+    from test_caches import long_chat
+
+    d = Daemon(tmp_path / "home", env={"LLMD_THREADS": "auto", "LLMD_EXACT": "1", "LLMD_SPECULATION": "off",
+                                       "LLMD_SLOTS": "1"}).start()
+
+    def answer() -> str:
+        r = httpx.post(d.url + "/v1/chat/completions", timeout=300, headers={"Cache-Control": "no-store"},
+                       json={"messages": long_chat("Who saved the sailors in 1893?"), "temperature": 0,
+                             "max_tokens": 40, "cache_prompt": False})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    try:
+        quiet = answer()
+        busy = subprocess.Popen([sys.executable, "-c", BUSY])
+        try:
+            time.sleep(0.5)
+            loaded = [answer() for _ in range(2)]
+            t = threads(d)
+        finally:
+            busy.kill()
+            busy.wait()
+        assert loaded == [quiet, quiet]
+        assert t == {**t, "threads": t["most"], "auto": False}, t
+        assert "exact" in t["reason"], t
+    finally:
+        d.stop()

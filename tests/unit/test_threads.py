@@ -26,7 +26,7 @@ class Machine:
 def gov(monkeypatch: pytest.MonkeyPatch) -> tuple[ThreadGovernor, Machine, list[float]]:
     m = Machine()
     load: list[float] = [0.0]
-    g = ThreadGovernor(4, fixed=False)
+    g = ThreadGovernor(4)
     monkeypatch.setattr(g, "_sample", lambda now=None: m.tick(load[0]))
     monkeypatch.setattr(T.time, "perf_counter", lambda: m.wall + T.CHECK_S)
     g._last = _Sample(0.0, 0.0, 0.0)
@@ -71,7 +71,7 @@ def test_a_burst_between_quiet_checks_does_not_flap(gov):
 
 
 def test_fixed_never_changes():
-    g = ThreadGovernor(2, fixed=True)
+    g = ThreadGovernor(2, fixed="LLMD_THREADS")
     assert g.check() is None and g.info() == {**g.info(), "threads": 2, "auto": False}
     assert g.reason == "fixed at 2 (LLMD_THREADS)"
 

@@ -157,7 +157,10 @@ class LlamaCppEngine:
         self._can_shift = bool(L.llama_memory_can_shift(self.mem))
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self._llama_decode = Decoder(self.ctx, cfg.repack)
-        self.governor = ThreadGovernor(threads, fixed=bool(cfg.threads))
+        # exact keeps one thread count: llama.cpp's decode logits change with it (a near-tie then
+        # flips a greedy answer), and exact promises the same answer whatever else the machine runs
+        self.governor = ThreadGovernor(threads, fixed="LLMD_THREADS" if cfg.threads else
+                                       "the exact policy: results depend on the thread count" if cfg.exact else "")
         self._batch_threads = threads  # the context's n_threads_batch now (_threads_for)
 
         self.bos = L.llama_vocab_bos(self.vocab)

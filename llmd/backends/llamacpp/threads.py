@@ -48,21 +48,22 @@ class _Sample:
 
 
 class ThreadGovernor:
-    """The thread count for the engine's contexts: `fixed` keeps `most` always."""
+    """The thread count for the engine's contexts: `fixed` (a reason, such as LLMD_THREADS) keeps
+    `most` always."""
 
-    def __init__(self, most: int, fixed: bool) -> None:
+    def __init__(self, most: int, fixed: str = "") -> None:
         self.most = max(1, most)
-        self.fixed = fixed
+        self.fixed = bool(fixed)
         self.threads = self.most
         self.others = 0.0  # cores other programs kept busy over the last check
-        self.reason = (f"fixed at {self.most} (LLMD_THREADS)" if fixed
+        self.reason = (f"fixed at {self.most} ({fixed})" if fixed
                        else f"{self.most} of {self.most}: the machine is quiet")
         self.changes = 0
         # llmd's own processes: this worker and the daemon that relays its tokens (its short bursts
         # come with the worker's steps, not against them)
         me = psutil.Process()
         self._procs = [me, *([me.parent()] if me.parent() is not None else [])]
-        self._last = self._sample() if not fixed else None
+        self._last = self._sample() if not self.fixed else None
         self._quiet = 0
         self._logged = 0.0
         self._done_at: float | None = None  # when the last step ended
