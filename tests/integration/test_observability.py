@@ -163,6 +163,33 @@ def test_structured_logs_have_request_ids_and_no_prompts(obs: Daemon):
     assert secret not in log.read_text()
 
 
+def test_a_cancelled_request_logs_how_far_its_reply_had_run(obs: Daemon):
+    """A reply the client hung up on has no usage; its log line still says how much text went out
+    (CI met an agent's reply that ran on for 685 s as a hang, with nothing in the log to tell)."""
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 500, one number per line."}],
+            "max_tokens": 400, "stream": True, "temperature": 0}
+    with httpx.stream("POST", obs.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        rid, sent = "", 0
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            rid = chunk["id"].removeprefix("chatcmpl-")
+            if any((c.get("delta") or {}).get("content") for c in chunk["choices"]):
+                sent += 1
+                if sent == 12:
+                    break
+    log = obs.home / "logs" / "llmd.log"
+    deadline = time.monotonic() + 10
+    mine: list[dict] = []
+    while not mine and time.monotonic() < deadline:
+        mine = [e for e in map(json.loads, filter(str.strip, log.read_text().splitlines()))
+                if e.get("request_id") == rid]
+        time.sleep(0.2)
+    assert mine and mine[0]["outcome"] == "cancelled" and mine[0]["completion_tokens"] is None, mine
+    assert mine[0]["streamed_pieces"] >= 12, mine
+
+
 def test_requests_running_counts_a_stream_in_flight(obs: Daemon):
     assert total(scrape(obs), "llmd_requests_running") == 0
     body = {"messages": [{"role": "user", "content": "Count from 1 to 200."}], "max_tokens": 150, "stream": True,

@@ -241,6 +241,8 @@ class Run:
                     "finish_reason": self.final.finish_reason if self.final else None,
                     "prompt_tokens": u.prompt_tokens if u else None, "cached_tokens": u.cached_tokens if u else None,
                     "completion_tokens": u.completion_tokens if u else None,
+                    # pieces of text sent, whatever the outcome: how far a cancelled reply had run
+                    "streamed_pieces": len(self.text),
                     "dropped_messages": u.dropped_messages if u else None,
                     # where the first token's time went, as the engine measured it
                     "queue_s": round(u.queue_s, 4) if u else None, "prefill_s": round(u.prefill_s, 4) if u else None,
