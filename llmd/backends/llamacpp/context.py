@@ -107,8 +107,9 @@ def flash_attention(setting: str, exact: bool, gpu_layers: int) -> bool:
     auto: on, as llama-server's `-fa auto` on the CPU. off attends by matrix products, which on the
     1.5B on two cores made a 15-token step after 3,000 tokens 0.65x as long and a decoded token there
     0.84x, and cost 4-11% under 100 tokens (benchmarks/attention.py). It is not auto's choice yet:
-    with it as the default, a Claude Code run in CI decoded at about one token a second after its
-    11,700-token prompt until its 900 s limit (not yet explained). The exact policy and GPU layers
+    with it as the default, a Claude Code reply in CI ran on until the app's 900 s limit, which an
+    opencode reply later did with flash attention too (a sampled reply running on, not the kernel);
+    it waits for a whole CI run as the default. The exact policy and GPU layers
     keep flash attention whatever is asked: its batch-invariance rules were measured with it."""
     if exact or gpu_layers != 0:
         return True
