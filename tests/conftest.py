@@ -90,6 +90,18 @@ class Daemon:
     def client(self, **kw: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120.0, **kw)  # type: ignore[arg-type]
 
+    def requests_logged(self, request_id: str = "", wait: float = 0.0) -> list[dict]:
+        """The request log's lines (logs/llmd.log, `llmd.requests`), or one request's; waits up to
+        `wait` s for at least one (a line is written when its request ends)."""
+        deadline = time.monotonic() + wait
+        while True:
+            log = self.home / "logs" / "llmd.log"
+            lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+            got = [e for e in lines if e.get("msg") == "request" and (not request_id or e.get("request_id") == request_id)]
+            if got or time.monotonic() >= deadline:
+                return got
+            time.sleep(0.2)
+
 
 def token(d: Daemon) -> dict[str, str]:
     """The header that authorizes control routes (the token the daemon wrote in its config dir)."""

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -76,16 +77,30 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) ->
         return subprocess.CompletedProcess(cmd, TIMED_OUT, out, err + f"\n[killed after {timeout:.0f} s]")
 
 
-def rambled(r: subprocess.CompletedProcess, app: str, step: str) -> bool:
+def rambled(r: subprocess.CompletedProcess, d: Daemon, app: str, step: str, since: str) -> bool:
     """A try the app did not finish in its time: on a 1.5B model sampling at temperature ~1 (the
     apps' own setting) a reply now and then runs on for thousands of tokens towards the app's
-    max_tokens of 32,000 (CI: an opencode reply decoded for 681 s, a Claude Code one for 899 s, at
-    the usual step times). That is the model's choice like a missed tool call, so it counts as a try
-    that did not do the task; a try that fails otherwise still fails the test."""
+    max_tokens of 32,000 (CI: an opencode reply decoded for 685 s at the usual step times). That is
+    the model's choice like a missed tool call, so it counts as a try that did not do the task, but
+    only if the reply cancelled by the kill was streaming (at least a piece a second): a stalled
+    engine still fails the test, as does a try that fails otherwise. `since`: the try's start (UTC
+    ISO time, as the log writes it)."""
     if r.returncode != TIMED_OUT:
         return False
-    timed(app, f"{step}: killed at its time limit (the reply ran on)", time.monotonic())
+    deadline = time.monotonic() + 15  # the daemon notices the closed connection, then logs the request
+    cut: list[dict] = []
+    while not cut and time.monotonic() < deadline:
+        cut = [e for e in d.requests_logged() if e["outcome"] == "cancelled" and e["ts"] >= since]
+        time.sleep(0.2)
+    assert cut and all(e["streamed_pieces"] >= e["duration_s"] for e in cut), (app, step, "stalled, not rambling", cut)
+    timed(app, f"{step}: killed at its time limit (the reply ran on: {cut[-1]['streamed_pieces']} pieces)",
+          time.monotonic())
     return True
+
+
+def utc_now() -> str:
+    """Now as the request log writes its `ts` (comparable as text)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def assert_hello(work: Path, r: subprocess.CompletedProcess) -> None:
@@ -123,7 +138,7 @@ def timed(app: str, step: str, t0: float) -> None:
 
 @needs(BIN / "claude")
 @pytest.mark.timeout(3000)  # its cold ~12k-token prefill is 5-6 min here, then up to 25 warm runs
-def test_claude_code_answers_writes_a_file_and_reads_one(rec: Recorder, tmp_path: Path):
+def test_claude_code_answers_writes_a_file_and_reads_one(d: Daemon, rec: Recorder, tmp_path: Path):
     """Claude Code unchanged on the 1.5B: a plain answer, a file written through its Write tool, and
     a file read through its Read tool and answered from (the tool result fed back). Its first
     request is ~12,000 tokens (system prompt and tools) whatever the task: the first run prefills
@@ -146,10 +161,10 @@ def test_claude_code_answers_writes_a_file_and_reads_one(rec: Recorder, tmp_path
         on the recorded request, Intel Xeon), so a task gets up to twelve tries (0.5 ** 12); each
         must run clean, one must do it."""
         for i in range(12):
-            t0, seen = time.monotonic(), len(rec.bodies)
+            t0, seen, since = time.monotonic(), len(rec.bodies), utc_now()
             r = run([claude, "-p", prompt, "--allowedTools", tool], work, env, timeout=WARM_TRY_S)
             timed("claude", f"{step} (try {i + 1})", t0)
-            if rambled(r, "claude", step):
+            if rambled(r, d, "claude", step, since):
                 continue
             assert_clean(r, rec, "POST /v1/messages", f"claude --allowedTools {tool}")
             if done(r, rec.bodies[seen:]):
@@ -212,7 +227,7 @@ def codex_task(go: Callable[[], subprocess.CompletedProcess], rec: Recorder, wor
 
 @needs(BIN / "opencode")
 @pytest.mark.timeout(1800)  # its cold 7.2k-token prefill is about three minutes here, then warm tries
-def test_opencode_run(rec: Recorder, tmp_path: Path):
+def test_opencode_run(d: Daemon, rec: Recorder, tmp_path: Path):
     """opencode's task writes hello.txt through its tools. Whether the 1.5B calls the tool is its
     own judgement (one CI run's only try ended cleanly with no file; a rerun wrote it at the third
     try), so the task gets up to twelve tries, about 12 s each once warm; each must run clean, one
@@ -226,12 +241,12 @@ def test_opencode_run(rec: Recorder, tmp_path: Path):
     cache = Path.home() / ".cache" / "llmd" / "apps" / "opencode-cache"  # its AI SDK provider, installed once
     made = work / "hello.txt"
     for i in range(12):
-        t0 = time.monotonic()
+        t0, since = time.monotonic(), utc_now()
         r = run([str(BIN / "opencode"), "run", TASK], work,
                 {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache), "OPENCODE_DISABLE_AUTOUPDATE": "1"},
                 timeout=900 if i == 0 else WARM_TRY_S)
         timed("opencode", f"run (try {i + 1}{', cold' if i == 0 else ''})", t0)
-        if rambled(r, "opencode", f"try {i + 1}"):
+        if rambled(r, d, "opencode", f"try {i + 1}", since):
             continue
         assert_clean(r, rec, "POST /v1/chat/completions", "opencode")
         if made.exists() and "hi" in made.read_text().lower():

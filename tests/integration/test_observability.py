@@ -149,15 +149,9 @@ def test_structured_logs_have_request_ids_and_no_prompts(obs: Daemon):
         "seed": 99})
     assert r.status_code == 200
     rid = r.json()["id"].removeprefix("chatcmpl-")
+    mine = obs.requests_logged(rid, wait=5)
     log = obs.home / "logs" / "llmd.log"
-    deadline = time.monotonic() + 5
-    entries: list[dict] = []
-    while time.monotonic() < deadline:
-        entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        if any(e.get("request_id") == rid for e in entries):
-            break
-        time.sleep(0.2)
-    mine = [e for e in entries if e.get("request_id") == rid]
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert mine and mine[0]["outcome"] == "ok" and mine[0]["api"] == "openai" and mine[0]["completion_tokens"] >= 1
     assert all({"ts", "level", "logger", "msg"} <= set(e) for e in entries)
     assert secret not in log.read_text()
@@ -179,13 +173,7 @@ def test_a_cancelled_request_logs_how_far_its_reply_had_run(obs: Daemon):
                 sent += 1
                 if sent == 12:
                     break
-    log = obs.home / "logs" / "llmd.log"
-    deadline = time.monotonic() + 10
-    mine: list[dict] = []
-    while not mine and time.monotonic() < deadline:
-        mine = [e for e in map(json.loads, filter(str.strip, log.read_text().splitlines()))
-                if e.get("request_id") == rid]
-        time.sleep(0.2)
+    mine = obs.requests_logged(rid, wait=10)
     assert mine and mine[0]["outcome"] == "cancelled" and mine[0]["completion_tokens"] is None, mine
     assert mine[0]["streamed_pieces"] >= 12, mine
 
