@@ -79,8 +79,29 @@ def test_flash_attention_off_attends_by_matrix_products_in_bounded_micro_batches
     try:
         assert worker_stats(d.url)["attention"] == "matmul (micro-batches of 512)"  # 2,560 tokens a slot
         assert complete(d.url, PROMPTS[0]).strip()
+        # The same seeded request, cold then with its prompt in the slot: the same text. Computing
+        # only the prompt's last token, alone, gave it other logits (up to 0.52 away) and another
+        # text from the first token on; engine.LAST_ROWS computes two.
+        body = {"messages": [{"role": "user", "content": "Write a line of a poem."}], "max_tokens": 30,
+                "temperature": 1.0, "top_p": 0.95, "seed": 1234}
+        texts = [httpx.post(d.url + "/v1/chat/completions", json=body, headers={"Cache-Control": "no-store"},
+                            timeout=120).json()["choices"][0]["message"]["content"] for _ in range(3)]
+        assert texts[0] == texts[1] == texts[2], texts
     finally:
         d.stop()
+
+
+def test_a_prompt_piece_never_leaves_its_last_token_alone_in_a_micro_batch():
+    from types import SimpleNamespace
+
+    from llmd.backends.llamacpp.engine import LlamaCppEngine
+
+    ends = lambda n, start, end, ub=64: LlamaCppEngine._rows_end(SimpleNamespace(n_ubatch=ub), n, start, end)  # noqa: E731
+    assert ends(100, 0, 99) == 98  # one token would be left: two go together next step
+    assert ends(100, 0, 100) == 100
+    assert ends(65, 0, 65) == 63  # 64 + a lone row in the last micro-batch: 63 now, 2 next
+    assert ends(100, 98, 99) == 99  # a one-token budget: the prompt goes on anyway
+    assert ends(37, 36, 37) == 37  # one row is all that is left: computed (admission leaves two)
 
 
 @pytest.mark.parametrize("n", [4, 8])

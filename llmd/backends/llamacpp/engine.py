@@ -80,6 +80,13 @@ log = logging.getLogger("llmd.engine")
 # a run of at least this many tokens that a slot holds at other positions is moved rather than
 # computed again (fill-in-the-middle only: llama-server's --cache-reuse, which llama.vscode sets to 256)
 SHIFT_MIN_RUN = 64
+# Without flash attention llama.cpp computes a micro-batch holding one row of a sequence by another
+# kernel than one holding several (its matrix-product kernel needs two), and the attention of that
+# row comes out different: a prompt's last token computed alone after its prefix was reused gave
+# logits up to 0.52 away from the ones it got in the prompt's batch (SmolLM2, 37 tokens; two rows
+# or more: identical), so the same seeded request gave another text warm than cold. The fast
+# policy then computes at least this many of a prompt's last tokens together.
+LAST_ROWS = 2
 PREFILL_THREADS_MIN = 32  # a step with at least this many tokens runs on every thread (_threads_for)
 STEP_BACKOFF_MAX_S = 2.0  # the longest pause after engine steps that failed in a row (step)
 # Requests sent together reach the engine spread over tens of milliseconds (four clients, each on a
@@ -509,6 +516,9 @@ class LlamaCppEngine:
                 events.append(ErrorEvent(active.req.id, EngineError(
                     f"the engine failed to place the request ({type(e).__name__}: {e}); retry the request").to_wire()))
             return
+        if not self.flash_attn and reuse > len(active.prompt) - LAST_ROWS:  # (see LAST_ROWS)
+            reuse = max(0, len(active.prompt) - LAST_ROWS)
+            slot.truncate(self._L, self.mem, reuse)
         active.cached = active.pos = reuse
         active.t_admitted = time.perf_counter()
         slot.active = active
@@ -704,6 +714,8 @@ class LlamaCppEngine:
                 assert a is not None
                 start = a.pos
                 end = self.grid.chunk_end(a.prompt, start) if self.exact else min(len(a.prompt), start + budget)
+                if not self.flash_attn:
+                    end = self._rows_end(len(a.prompt), start, end)
                 rows.append((slot, a.prompt[start:end], start, end))
                 n += end - start
                 budget -= end - start
@@ -790,6 +802,18 @@ class LlamaCppEngine:
         if drafts:
             self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
             self.spec.record(a, len(drafts), accepted)
+
+    def _rows_end(self, n_prompt: int, start: int, end: int) -> int:
+        """Where a prompt's piece [start, end) ends so that its last token is not computed alone in
+        a micro-batch (LAST_ROWS): neither one token left for a later step nor a piece whose last
+        micro-batch holds one row (as a lone prefill is split). A piece that would then be empty
+        (a budget of one token) keeps its end: the prompt goes on."""
+        cut = end
+        if 0 < n_prompt - cut < LAST_ROWS:
+            cut = n_prompt - LAST_ROWS
+        if cut == n_prompt and cut - start > 1 and (cut - start) % self.n_ubatch == 1:
+            cut -= LAST_ROWS  # the rest goes together in the next step
+        return cut if cut > start else end
 
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
         return slot.reusable(prompt, self.chunk, self.exact, self._is_eog)
