@@ -31,8 +31,10 @@ def info(train: int = 32768, heads: int = 12) -> GGUFInfo:
     return GGUFInfo(path=Path("m.gguf"), version=3, metadata=md, n_params=0, file_size=1000 * MIB, data_offset=0)
 
 
-def test_auto_keeps_flash_attention_and_off_turns_it_off_on_the_cpu_under_the_fast_policy():
-    assert flash_attention("auto", exact=False, gpu_layers=0) is True
+def test_auto_attends_by_matrix_products_on_the_cpu_under_the_fast_policy_and_on_keeps_the_kernel():
+    assert flash_attention("auto", exact=False, gpu_layers=0) is False
+    assert flash_attention("auto", exact=True, gpu_layers=0) is True
+    assert flash_attention("auto", exact=False, gpu_layers=99) is True
     assert flash_attention("on", exact=False, gpu_layers=0) is True
     assert flash_attention("off", exact=False, gpu_layers=0) is False
     assert flash_attention("off", exact=True, gpu_layers=0) is True  # its batch-invariance rules need it

@@ -104,16 +104,16 @@ def load_model(path: str, gpu_layers: int = 0, repack: bool = True, what: str = 
 def flash_attention(setting: str, exact: bool, gpu_layers: int) -> bool:
     """Whether a generation context uses llama.cpp's flash-attention kernel (LLMD_FLASH_ATTN).
 
-    auto: on, as llama-server's `-fa auto` on the CPU. off attends by matrix products, which on the
-    1.5B on two cores made a 15-token step after 3,000 tokens 0.65x as long and a decoded token there
-    0.84x, and cost 4-11% under 100 tokens (benchmarks/attention.py). It is not auto's choice yet:
-    with it as the default, a Claude Code reply in CI ran on until the app's 900 s limit, which an
-    opencode reply later did with flash attention too (a sampled reply running on, not the kernel);
-    it waits for a whole CI run as the default. The exact policy and GPU layers
-    keep flash attention whatever is asked: its batch-invariance rules were measured with it."""
+    auto: off on the CPU under the fast policy, which then attends by matrix products: on the 1.5B
+    on two cores a 15-token step after 3,000 tokens took 0.65x as long and a decoded token there
+    0.84x, for 4-11% more under 100 tokens (benchmarks/attention.py), and it brought #38's four
+    paths level with or ahead of llama-server (docs/BENCHMARKS.md). on keeps the kernel, as
+    llama-server's `-fa auto` on the CPU. The exact policy and GPU layers keep flash attention
+    whatever is asked: exact's batch-invariance rules were measured with it, and on a GPU it is
+    both faster and smaller."""
     if exact or gpu_layers != 0:
         return True
-    return setting != "off"
+    return setting == "on"
 
 
 def new_context(model: Any, n_ctx: int, n_batch: int, n_seq: int, threads: int, unified: bool = True,
