@@ -76,19 +76,22 @@ def test_fast_attends_by_matrix_products_and_exact_with_flash_attention_by_defau
     assert worker_stats(daemon8.url)["attention"] == "flash"
 
 
+def test_matmul_gives_a_seeded_request_the_same_text_warm_as_cold(fast8: Daemon):
+    """The same seeded request, cold then with its prompt in the slot. Computing only the prompt's
+    last token, alone, took llama.cpp's other kernel and gave it other logits (up to 0.52 away):
+    another text from the first token on. engine.LAST_ROWS computes two."""
+    body = {"messages": [{"role": "user", "content": "Write a line of a poem."}], "max_tokens": 30,
+            "temperature": 1.0, "top_p": 0.95, "seed": 1234}
+    texts = [httpx.post(fast8.url + "/v1/chat/completions", json=body, headers={"Cache-Control": "no-store"},
+                        timeout=120).json()["choices"][0]["message"]["content"] for _ in range(3)]
+    assert texts[0] == texts[1] == texts[2], texts
+
+
 def test_on_keeps_flash_attention_under_the_fast_policy(tmp_path: Path):
     d = Daemon(tmp_path / "home", env={"LLMD_CTX": "2560", "LLMD_FLASH_ATTN": "on"}).start()
     try:
         assert worker_stats(d.url)["attention"] == "flash"
         assert complete(d.url, PROMPTS[0]).strip()
-        # The same seeded request, cold then with its prompt in the slot: the same text. Computing
-        # only the prompt's last token, alone, gave it other logits (up to 0.52 away) and another
-        # text from the first token on; engine.LAST_ROWS computes two.
-        body = {"messages": [{"role": "user", "content": "Write a line of a poem."}], "max_tokens": 30,
-                "temperature": 1.0, "top_p": 0.95, "seed": 1234}
-        texts = [httpx.post(d.url + "/v1/chat/completions", json=body, headers={"Cache-Control": "no-store"},
-                            timeout=120).json()["choices"][0]["message"]["content"] for _ in range(3)]
-        assert texts[0] == texts[1] == texts[2], texts
     finally:
         d.stop()
 
