@@ -103,6 +103,16 @@ class Daemon:
             time.sleep(0.2)
 
 
+def computed_again(url: str) -> int:
+    """Prompt tokens a fast-policy request computes when its whole prompt is cached: the last one,
+    or, attending by matrix products, the last two together (engine.LAST_ROWS: one alone gets other
+    logits than it got cold)."""
+    from llmd.backends.llamacpp.engine import LAST_ROWS
+
+    attention = httpx.get(url.rstrip("/") + "/llmd/status").json()["loaded"][0]["attention"]
+    return 1 if attention == "flash" else LAST_ROWS
+
+
 def token(d: Daemon) -> dict[str, str]:
     """The header that authorizes control routes (the token the daemon wrote in its config dir)."""
     return {"Authorization": "Bearer " + (d.home / "config" / "token").read_text().strip()}

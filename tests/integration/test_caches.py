@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon, token
+from conftest import Daemon, computed_again, token
 from test_engine import SYSTEM
 
 from llmd.backends.llamacpp.prefix_store import MAC_BYTES, MAGIC, PrefixStore
@@ -121,8 +121,8 @@ def test_both_caches_survive_a_restart_and_restored_prefix_keeps_the_answer(tmp_
         assert cached_tokens(other) >= 192
         if policy == "exact":
             assert other.json()["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
-        else:  # token by token: all but the last prompt token comes from the restored entry
-            assert cached_tokens(other) == other.json()["usage"]["prompt_tokens"] - 1
+        else:  # token by token: all but the last prompt token(s) come from the restored entry
+            assert cached_tokens(other) == other.json()["usage"]["prompt_tokens"] - computed_again(d.url)
             assert other.json()["choices"][0]["message"]["content"].strip()
         new_q = chat(d, long_chat("When was the lens replaced?"), headers=NO_STORE)
         assert cached_tokens(new_q) >= 192
@@ -282,7 +282,8 @@ def test_fast_restores_an_evicted_sequence_from_memory(tmp_path: Path):
         time.sleep(1.0)  # idle: the slot's KV is snapshotted into memory
         chat(d, [{"role": "user", "content": "Something else entirely, please."}], headers=NO_STORE)
         again = chat(d, a, headers=NO_STORE).json()
-        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == first["usage"]["prompt_tokens"] - 1
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == (first["usage"]["prompt_tokens"]
+                                                                          - computed_again(d.url))
         assert again["choices"][0]["message"]["content"].strip()
         pc = httpx.get(d.url + "/llmd/status").json()["loaded"][0]["stats"]["prefix_cache"]
         assert pc["memory_hits"] >= 1 and pc["memory_entries"] >= 1, pc
