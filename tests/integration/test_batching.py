@@ -96,19 +96,6 @@ def test_on_keeps_flash_attention_under_the_fast_policy(tmp_path: Path):
         d.stop()
 
 
-def test_a_prompt_piece_never_leaves_its_last_token_alone_in_a_micro_batch():
-    from types import SimpleNamespace
-
-    from llmd.backends.llamacpp.engine import LlamaCppEngine
-
-    ends = lambda n, start, end, ub=64: LlamaCppEngine._rows_end(SimpleNamespace(n_ubatch=ub), n, start, end)  # noqa: E731
-    assert ends(100, 0, 99) == 98  # one token would be left: two go together next step
-    assert ends(100, 0, 100) == 100
-    assert ends(65, 0, 65) == 63  # 64 + a lone row in the last micro-batch: 63 now, 2 next
-    assert ends(100, 98, 99) == 99  # a one-token budget: the prompt goes on anyway
-    assert ends(37, 36, 37) == 37  # one row is all that is left: computed (admission leaves two)
-
-
 @pytest.mark.parametrize("n", [4, 8])
 def test_concurrent_greedy_equals_one_at_a_time(daemon8: Daemon, n: int):
     alone = [complete(daemon8.url, p) for p in PROMPTS[:n]]

@@ -5,10 +5,12 @@ check counts them."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from llmd.backends.llamacpp.context import flash_attention
+from llmd.backends.llamacpp.engine import LlamaCppEngine
 from llmd.backends.llamacpp.prefix_store import namespace
 from llmd.config import load_settings
 from llmd.models.gguf import GGUFInfo
@@ -69,3 +71,15 @@ def test_prefix_cache_entries_of_the_two_kernels_never_mix():
     """Without flash attention llama.cpp stores V transposed: a saved state of one layout cannot be
     restored into the other, so the two are separate namespaces."""
     assert namespace("d", 64, "fast", "f16") != namespace("d", 64, "fast", "f16-vt")
+
+
+def test_a_prompt_piece_never_leaves_its_last_token_alone_in_a_micro_batch():
+    """Without flash attention a prompt's last token computed alone gets other logits (engine.LAST_ROWS)."""
+    def ends(n: int, start: int, end: int, ub: int = 64) -> int:
+        return LlamaCppEngine._rows_end(SimpleNamespace(n_ubatch=ub), n, start, end)  # type: ignore[arg-type]
+
+    assert ends(100, 0, 99) == 98  # one token would be left: two go together next step
+    assert ends(100, 0, 100) == 100
+    assert ends(65, 0, 65) == 63  # 64 + a lone row in the last micro-batch: 63 now, 2 next
+    assert ends(100, 98, 99) == 99  # a one-token budget: the prompt goes on anyway
+    assert ends(37, 36, 37) == 37  # one row is all that is left: computed (admission leaves two)
