@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmd.backends.llamacpp.grammar_cost import MAX_STACKS, grammar_cost
 from llmd.chat.schema import MAX_BOUND, loosen
 from llmd.chat.tools import MAX_PARALLEL_CALLS, ToolConstraint
 from llmd.errors import GrammarError
@@ -31,8 +32,9 @@ log = logging.getLogger("llmd.grammar")
 
 MAX_REPEAT = MAX_BOUND  # one bound; a larger upper bound is dropped before this (chat.schema.loosen)
 REPEAT_BUDGET = 2 * MAX_BOUND  # every bound of one request's schema together
-MAX_EMPTY_REPEAT = 1000  # (a?){0,N}: llama.cpp's grammar stacks grow with each empty link
+MAX_EMPTY_REPEAT = MAX_STACKS  # (a?){0,N}: llama.cpp holds a parse stack per empty link (grammar_cost)
 MAX_DEPTH = 32
+MAX_PATTERN = 4096  # characters of one pattern
 _REPEAT_KEYS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties")
 
 # llama-cpp-python's char rule lets a JSON string hold raw control characters (a newline), which
@@ -76,6 +78,7 @@ class _Pattern:
     text: str
     i: int = 0
     items: list[_Item] = field(default_factory=list)  # every item parsed, for the bounds check
+    depth: int = 0  # groups open at the current position (the parser recurses once per group)
 
     def parse(self) -> _Alt:
         t = self.text
@@ -115,7 +118,11 @@ class _Pattern:
                 self.i += 2
             elif t.startswith("?", self.i):
                 raise ValueError("lookarounds and named groups are not supported")
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise ValueError(f"groups nest deeper than {MAX_DEPTH} levels at {self.i}")
             alt = self._alt()
+            self.depth -= 1
             if self.i >= len(t) or t[self.i] != ")":
                 raise ValueError("a group is not closed")
             self.i += 1
@@ -264,6 +271,9 @@ def _check(schema: Any, path: str, depth: int, budget: _Budget) -> None:
                                        "(more than any context holds: leave the bound out)", f)
                 budget.spend(int(value), f"{path}.{key}")
             if key == "pattern" and isinstance(value, str):
+                if len(value) > MAX_PATTERN:
+                    raise GrammarError(f"{path}.pattern is {len(value):,} characters; llmd enforces patterns of up to "
+                                       f"{MAX_PATTERN:,}", f)
                 for it in _parse_pattern(value, path, f).items:
                     n = max(it.lo, it.hi or 0)
                     if n > MAX_REPEAT:
@@ -287,26 +297,34 @@ def _check(schema: Any, path: str, depth: int, budget: _Budget) -> None:
 def _converter() -> Any:
     """llama-cpp-python's SchemaConverter with llmd's strings, arrays and patterns (flat counted
     repetitions, its own pattern translation); everything else is the converter's own."""
-    from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, SchemaConverter
-
-    routed = ("$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "additionalProperties")
+    from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, STRING_FORMAT_RULES, SchemaConverter
 
     class Converter(SchemaConverter):
         def visit(self, schema: dict[str, Any], name: str) -> str:
-            kind = schema.get("type")
+            # the converter's own order of cases, so that every case that writes a repetition is
+            # llmd's (flat, counted) whatever other keys the schema carries
+            kind, fmt = schema.get("type"), schema.get("format")
             rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
-            if isinstance(kind, list) or any(k in schema for k in routed):
+            if (any(k in schema for k in ("$ref", "oneOf", "anyOf", "const", "enum")) or isinstance(kind, list)
+                    or (kind in (None, "object") and ("properties" in schema or "allOf" in schema or (
+                        "additionalProperties" in schema and schema["additionalProperties"] is not True)))):
                 return str(super().visit(schema, name))
-            items = schema.get("items")
-            if kind in (None, "array") and isinstance(items, dict):
+            if kind in (None, "array") and ("items" in schema or "prefixItems" in schema):
+                items = schema.get("items") or schema["prefixItems"]
+                if not isinstance(items, dict):
+                    return str(super().visit(schema, name))  # a tuple: one rule per item, no repetition
                 item_rule = self.visit(items, f"{name}{'-' if name else ''}item")
                 body = _repeat(item_rule, int(schema.get("minItems", 0)), _int(schema.get("maxItems")), '"," space')
                 return str(self._add_rule(rule_name, f'"[" space {body} "]" space'.replace("  ", " ")))
-            if kind in (None, "string") and isinstance(schema.get("pattern"), str):
+            if kind in (None, "string") and "pattern" in schema:
+                if not isinstance(schema["pattern"], str):
+                    raise GrammarError("a schema's pattern must be a string", "response_format")
                 self._add_primitive("char", PRIMITIVE_RULES["char"])  # `.` is any JSON string character
                 alt = _Pattern(schema["pattern"]).parse()
                 return str(self._add_rule(rule_name, f'"\\"" ({_gbnf(alt)}) "\\"" space'))
-            if kind == "string" and ("minLength" in schema or "maxLength" in schema) and "format" not in schema:
+            formatted = isinstance(fmt, str) and (re.match(r"^uuid[1-5]?$", fmt)
+                                                  or f"{fmt}-string" in STRING_FORMAT_RULES)
+            if kind == "string" and not formatted and ("minLength" in schema or "maxLength" in schema):
                 char = self._add_primitive("char", PRIMITIVE_RULES["char"])
                 body = _repeat(char, int(schema.get("minLength", 0)), _int(schema.get("maxLength")))
                 return str(self._add_rule(rule_name, f'"\\"" {body} "\\"" space'))
@@ -329,7 +347,9 @@ def schema_grammar(schema: Any, field_name: str = "response_format") -> str:
         raise
     except Exception as e:  # the converter raises bare Exceptions on unsupported schemas
         raise GrammarError(f"cannot turn this JSON schema into a grammar: {e}", field_name) from None
-    return str(gbnf).replace(_LOOSE_CHAR, _JSON_CHAR)
+    gbnf = str(gbnf).replace(_LOOSE_CHAR, _JSON_CHAR)
+    grammar_cost(gbnf, field_name)  # whatever wrote it, llama.cpp gets nothing it would choke on
+    return gbnf
 
 
 def grammar_for(response_format: dict[str, Any] | None) -> str | None:
@@ -380,4 +400,6 @@ def grammar_for_tools(c: ToolConstraint) -> str:
     block = " ".join(p for p in (_literal(c.prefix) if c.prefix else "", "llmd-call",
                                  _literal(c.suffix) if c.suffix else "") if p)
     root = f"root ::= {block}" + (f' ("\\n" {block}){{0,{MAX_PARALLEL_CALLS - 1}}}' if c.repeat else "")
-    return root + "\n" + body
+    gbnf = root + "\n" + body
+    grammar_cost(gbnf, "tools")
+    return gbnf
