@@ -333,6 +333,7 @@ def draft_pairs(value: str) -> dict[str, str]:
     return pairs
 
 
+MAX_DURATION_S = 100 * 31_536_000  # a keep_alive past this is meant as forever: -1 says so
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -358,6 +359,9 @@ def parse_duration(value: str | float | int | None) -> float | None:
                 raise ValueError(f"keep_alive {value!r} is not a duration; use seconds or 30s, 5m, 1h, -1") from None
     if not math.isfinite(seconds):  # NaN, inf, 1e400: would poison every expiry computed from it
         raise ValueError(f"keep_alive {value!r} is not a finite duration; use seconds or 30s, 5m, 1h, -1 (forever)")
+    if seconds > MAX_DURATION_S:  # 1e308 s is finite, but no clock or date can hold now + it
+        raise ValueError(f"keep_alive {value!r} is {seconds:.3g} s, more than {MAX_DURATION_S // 31_536_000:.0f} "
+                         "years; use -1 to keep the model loaded forever")
     return None if seconds < 0 else seconds
 
 

@@ -64,6 +64,8 @@ class CountBody(BaseModel):
 def _blocks_text(blocks: Any, where: str) -> str:
     if isinstance(blocks, str):
         return blocks
+    if blocks is not None and not isinstance(blocks, list):
+        raise BadRequest(f"{where} is a {type(blocks).__name__}; send a string or a list of text blocks", where)
     out = []
     for i, b in enumerate(blocks or []):
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):

@@ -389,7 +389,7 @@ async def warm(request: Request) -> Response:
     raw = await request.body()
     try:
         data = json.loads(raw or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         data = {}  # parse_body reports the bad JSON
     is_chat = not isinstance(data, dict) or "messages" in data or "prompt" not in data
     body: _Common = await parse_body(request, ChatBody if is_chat else CompletionBody)
