@@ -109,3 +109,12 @@ def test_what_a_slot_would_lose_and_what_a_copy_serves():
     # the slot that holds it would keep (26 served, 25 lost)
     assert 25 < copier.served(0, 26, 51) < 26
     assert copier.served(25, 26, 5000) == 25  # one token is not worth copying a long conversation
+
+
+def test_a_slot_whose_shift_is_pending_is_never_a_source():
+    """reuse_shifted leaves the keys' re-rotation to the next llama_decode: a state read before it
+    would carry keys rotated for the old positions into another slot."""
+    shared = list(range(100))
+    slots = [Slot(0, tokens=shared + [7, 7], shift_pending=True), Slot(1, tokens=shared[:60]), Slot(2)]
+    copier = PrefixCopier(QWEN_1_5B_KV_TOKEN, 0.002)
+    assert copier.source(slots, slots[2], shared + [9], 0, reusable) == (slots[1], 60)

@@ -43,5 +43,6 @@ def test_reuse_shifted_moves_the_runs_a_slid_window_keeps():
     served = slot.reuse_shifted(kv, None, new, 1, 64)
     assert served == 101  # the common start and the slid run; after the edit, computed again
     assert slot.tokens == new[:served] and kv.cells == dict(enumerate(new[:served]))
+    assert slot.shift_pending  # until the next llama_decode: neither copied nor saved (kv_copy, prefix_cache)
     short = Slot(seq=0, tokens=list(old))
     assert short.reuse_shifted(_FakeKV(old), None, new, 1, 200) == 1  # no run long enough: as truncate

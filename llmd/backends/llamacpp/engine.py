@@ -745,7 +745,7 @@ class LlamaCppEngine:
                 self._joinable = joinable
                 self._L.llama_set_abort_callback(self.ctx, self._step_cb, None)
             try:
-                rc = self._llama_decode(self.batch)
+                rc = self._decode()
             finally:
                 if watched:
                     self._L.llama_set_abort_callback(self.ctx, self._L.ggml_abort_callback(), None)
@@ -1028,7 +1028,14 @@ class LlamaCppEngine:
         for i, t in enumerate(tokens):
             put(self.batch, i, t, start + i, slot.seq, logits_last and i == n - 1)
         self.batch.n_tokens = n
-        return self._llama_decode(self.batch) == 0
+        return self._decode() == 0
+
+    def _decode(self) -> int:
+        """One llama_decode of the batch; it applies every pending K-shift (Slot.shift_pending)."""
+        rc = self._llama_decode(self.batch)
+        for s in self.slots:
+            s.shift_pending = False
+        return rc
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
         return tokenize(self.vocab, text, add_special, parse_special)

@@ -71,7 +71,7 @@ class PrefixCopier:
                reusable: Callable[[Slot, list[int]], int]) -> tuple[Slot, int] | None:
         """The slot whose KV serves most of `prompt`, and how much, when copying it into `target`
         (which serves `reuse` tokens itself) pays; None when it does not."""
-        best = max(((s, reusable(s, prompt)) for s in slots if s is not target), key=lambda x: x[1],
+        best = max(((s, reusable(s, prompt)) for s in slots if s is not target and not s.shift_pending), key=lambda x: x[1],
                    default=None)
         if best is None or not self.pays(best[1] - reuse, len(best[0].tokens)):
             return None

@@ -171,10 +171,12 @@ class PrefixCache:
     def wants(self, slot: Slot) -> bool:
         """Whether the idle slot holds KV worth a snapshot that is not stored yet."""
         n = slot.exact if self.exact else len(slot.tokens)
-        return self.enabled and n >= max(self.min_tokens, self.chunk) and n > slot.saved
+        return self.enabled and n >= max(self.min_tokens, self.chunk) and n > slot.saved and not slot.shift_pending
 
     def save(self, L: Any, ctx: Any, mem: Any, slot: Slot) -> None:
         """Snapshot the slot's KV (exact policy: its exact prefix only) into memory and to disk."""
+        if slot.shift_pending:  # its keys are rotated at the next decode: a snapshot now would be wrong
+            return
         if self.exact:
             slot.truncate(L, mem, slot.exact)  # the partial tail is not exact, so never reused
         tokens = list(slot.tokens)

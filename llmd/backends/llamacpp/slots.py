@@ -84,6 +84,10 @@ class Slot:
     last_used: float = field(default_factory=time.monotonic)
     # FIM: (the prefix text before the suffix, the suffix, the extra chunks) of the last request here
     fim_head: tuple[str, str, tuple[tuple[str, str], ...]] | None = None
+    # KV moved to new positions (reuse_shifted) whose keys llama.cpp re-rotates only at the next
+    # llama_decode: until then its state, read out, pairs old rotations with new positions, so it
+    # is neither copied to another slot nor saved to the prefix cache
+    shift_pending: bool = False
 
     def reusable(self, prompt: list[int], chunk: int, exact: bool = True,
                  end_of_turn: Callable[[int], bool] = lambda _t: False) -> int:
@@ -140,6 +144,7 @@ class Slot:
         for c, p, m in runs:  # the prompt positions of the runs follow each other from n on
             if c != p:
                 L.llama_memory_seq_add(mem, self.seq, c, c + m, p - c)
+                self.shift_pending = True
         served = runs[-1][1] + runs[-1][2]
         self.tokens = list(prompt[:served])
         self.tail.clear()
