@@ -65,3 +65,28 @@ def test_an_ollama_history_gets_ids_that_pair_results_with_calls():
     given = [{"role": "assistant", "content": "", "tool_calls": [{"id": "x", "function": {"name": "a"}}]},
              {"role": "tool", "tool_call_id": "x", "content": "1"}]
     assert upstream_messages(given) == given  # ids given are left alone
+
+
+def test_fill_in_the_middle_is_refused_not_sent_as_an_empty_prompt():
+    """An upstream got `prompt: ""` for a FIM request and answered it as if it were the code."""
+    from llmd.backends.base import FimPrompt, GenerationRequest
+    from llmd.backends.remote.reply import request_body
+    from llmd.backends.remote.spec import RemoteSpec
+    from llmd.errors import BadRequest
+
+    spec = RemoteSpec.from_json('{"urls": ["http://127.0.0.1:1"], "upstream_model": "m"}')
+    req = GenerationRequest("r", fim=FimPrompt("def add(a, b):\n    return ", "\n"))
+    with pytest.raises(BadRequest, match="fill-in-the-middle") as e:
+        request_body(req, spec)
+    assert e.value.status == 400
+    assert request_body(GenerationRequest("r", prompt="x"), spec)["prompt"] == "x"
+
+
+def test_tensorrt_refuses_fill_in_the_middle_before_encoding():
+    from llmd.backends.base import FimPrompt, GenerationRequest
+    from llmd.backends.tensorrt.engine import TensorRTEngine
+    from llmd.errors import BadRequest
+
+    engine = TensorRTEngine.__new__(TensorRTEngine)  # no TensorRT-LLM here: only the prompt step runs
+    with pytest.raises(BadRequest, match="fill in the middle"):
+        engine._prompt_ids(GenerationRequest("r", fim=FimPrompt("x", "y")))

@@ -128,6 +128,9 @@ def request_body(req: GenerationRequest, spec: RemoteSpec) -> dict[str, Any]:
     s = req.sampling
     body: dict[str, Any] = {"model": spec.upstream_model, "stream": True,
                             "stream_options": {"include_usage": True}, "temperature": s.temperature}
+    if req.fim is not None:  # an empty prompt would be sent and answered as if it were the code
+        raise BadRequest("this model is served by another engine, and llmd does not relay fill-in-the-middle to "
+                         "it; use a local FIM model (Qwen2.5-Coder, StarCoder2...) for completions", "suffix")
     if req.messages is not None:
         body["messages"] = upstream_messages(req.messages)
     else:

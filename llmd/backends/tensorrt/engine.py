@@ -330,6 +330,9 @@ class TensorRTEngine:
         with the checkpoint's template, which writes BOS itself: encoded without special tokens,
         or the model would see BOS twice (as TensorRT-LLM's own server does it). A raw prompt gets
         the tokenizer's BOS, as generate_async would add to a string."""
+        if req.fim is not None:  # its prompt would be empty: refused, never answered as if it were the code
+            raise BadRequest("the TensorRT-LLM engine does not fill in the middle; serve completions with a "
+                             "GGUF FIM model on llama.cpp (LLMD_BACKEND=llama.cpp)", "suffix")
         tok = self.llm.tokenizer
         if req.raw or req.messages is None:
             return list(tok.encode(req.prompt or "", add_special_tokens=True))
