@@ -7,6 +7,7 @@ Prompts travel inside GenerationRequest but are never logged: its repr hides the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -78,6 +79,28 @@ class GenerationRequest:
     # Ollama's API: a chat that does not fit the context loses its oldest messages (system messages and
     # the newest kept), as Ollama does, instead of a 400; the first event says how many were left out
     drop_old_messages: bool = False
+
+
+def reply_fields(req: GenerationRequest) -> dict[str, Any]:
+    """Every field of a request that can change its reply, and nothing that cannot (the id,
+    cache_prompt, how it is scheduled): the one rule the response cache's key and the autocomplete
+    proposals' key are both made from."""
+    what: dict[str, Any] = {
+        "messages": req.messages,
+        "prompt": req.prompt,
+        "raw": req.raw,
+        "max_tokens": req.max_tokens,
+        "sampling": dataclasses.asdict(req.sampling),
+        "stop": list(req.stop),
+        "response_format": req.response_format,
+        "ctx_limit": req.ctx_limit,
+        "speculation": req.speculation,  # batched verification can flip a near-tie: keep them apart
+    }
+    if req.fim is not None:  # absent otherwise, as tools are, so replies stored before stay found
+        what["fim"] = dataclasses.asdict(req.fim)
+    if req.tools or req.tool_choice != "auto":
+        what.update(tools=req.tools, tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls)
+    return what
 
 
 @dataclass(frozen=True)

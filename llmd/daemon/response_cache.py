@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlite_utils
 
-from llmd.backends.base import GenerationRequest, StructuredCall, Usage
+from llmd.backends.base import GenerationRequest, StructuredCall, Usage, reply_fields
 from llmd.db import open_cache_db
 
 log = logging.getLogger("llmd.response_cache")
@@ -77,20 +77,8 @@ def cache_key(req: GenerationRequest, model: dict[str, Any], engine: str, served
         "model_digest": model["digest"],
         "engine": engine,
         "precision": model.get("quantization"),
-        "messages": req.messages,
-        "prompt": req.prompt,
-        "raw": req.raw,
-        "max_tokens": req.max_tokens,
-        "sampling": dataclasses.asdict(req.sampling),
-        "stop": list(req.stop),
-        "response_format": req.response_format,
-        "ctx_limit": req.ctx_limit,
-        "speculation": req.speculation,  # batched verification can flip a near-tie: keep them apart
+        **reply_fields(req),
     }
-    if req.fim is not None:  # absent otherwise, as tools are
-        what["fim"] = dataclasses.asdict(req.fim)
-    if req.tools or req.tool_choice != "auto":  # absent otherwise, so replies stored before stay found
-        what.update(tools=req.tools, tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls)
     blob = json.dumps(what, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -17,8 +17,10 @@ person who types all of it is still ahead of the model.
 
 An answer is worth something only before the next keystroke, and the server sees when that comes:
 an editor drops its request then. So the store keeps how long the last dropped requests of each
-model lived, and a completion is answered with what it holds a little before that (REPLY_SHARE of
-the median), while its decoding goes on as the proposal for the keystrokes that follow.
+model lived, per client (its User-Agent: one editor's typing says nothing of another client's
+patience, and a client that never hangs up is never cut), and that client's completions are
+answered with what they hold a little before that (REPLY_SHARE of the median), while decoding goes
+on as the proposal for the keystrokes that follow.
 
 Kept per model and per text around the cursor (suffix and other files' chunks), in memory, bounded.
 """
@@ -26,18 +28,19 @@ Kept per model and per text around the cursor (suffix and other files' chunks), 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import json
 import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from llmd.backends.base import GenerationRequest
+from llmd.backends.base import GenerationRequest, reply_fields
 from llmd.chat.fim import typed_since
 
 MAX_ENTRIES = 64
+MAX_BYTES = 32 << 20  # the prefixes the store holds, together (an 8 MB prefix is a valid request)
 MAX_CHAIN = 3  # proposals kept per cursor: the last one and those it goes on from
+MAX_LINKS = 4  # a proposal is decoded on at most this many times from where it stopped
 ORPHAN_S = 3.0  # a dropped proposal runs on this long after the last request that wanted it
 JOIN_WAIT_S = 60.0  # a proposal that says nothing for this long is not waited for any more (a safety net)
 DROPS_KEPT = 16  # how long the last dropped requests of a model lived
@@ -53,6 +56,7 @@ class Proposal:
     prefix: str
     pieces: list[str] = field(default_factory=list)  # the text so far: the request's own list, filled as it decodes
     follows: bool = False  # decoded on from where the previous proposal at this cursor stopped
+    link: int = 0  # how many times what it goes on from was decoded on
     done: bool = False
     complete: bool = False  # ended by the model or the request's limits (not cancelled, not failed)
     task: asyncio.Future[None] | None = None  # its run, draining on after its client left
@@ -78,16 +82,25 @@ class Proposal:
             self.done, self.complete = True, complete
             self.changed()
 
-    async def next_change(self) -> None:
-        await self._change.wait()
+    def next_change(self) -> asyncio.Future[bool]:
+        """A future set at the next change. The event is taken now, not when a task first runs the
+        wait: a change between the two (wait_for wraps it in a task on Python 3.10 and 3.11) would
+        otherwise be missed, and a finished proposal's waiter slept JOIN_WAIT_S."""
+        return asyncio.ensure_future(self._change.wait())
 
-    def run_on(self, task: asyncio.Future[None]) -> None:
-        """Its client left: the run goes on in `task` for the next keystroke, for ORPHAN_S."""
+    def run_on(self, task: asyncio.Future[None], deadline: float | None = None) -> None:
+        """Its client left: the run goes on in `task` for the next keystroke, for ORPHAN_S; a
+        continuation keeps the `deadline` of what it goes on from (only a request that wants it,
+        `answer`, extends it), so a chain never keeps itself alive."""
         self.task = task
         self._count("ran_on")
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its error is its own: nobody waits
-        self.wanted()
-        asyncio.get_running_loop().call_later(ORPHAN_S, self._expire)
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            self.wanted()
+        else:
+            self.deadline = deadline
+        loop.call_later(max(0.0, self.deadline - loop.time()), self._expire)
 
     def wanted(self) -> None:
         self.deadline = asyncio.get_running_loop().time() + ORPHAN_S
@@ -128,35 +141,44 @@ class Suggestions:
         # answered from a proposal; dropped ones that ran on; of those, cancelled for a request they
         # could not serve, and cancelled at ORPHAN_S with nobody asking
         self.stats = {"answered": 0, "ran_on": 0, "cancelled": 0, "expired": 0}
-        self._drops: dict[str, deque[float]] = {}
+        self._drops: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
 
-    def dropped(self, model: str, lived_s: float) -> None:
-        """An editor dropped a completion of `model` after `lived_s`: its next keystroke came."""
-        self._drops.setdefault(model, deque(maxlen=DROPS_KEPT)).append(lived_s)
+    def dropped(self, model: str, client: str, lived_s: float) -> None:
+        """`client` (an editor) dropped a completion of `model` after `lived_s`: its next keystroke came."""
+        key = (model, client)
+        times = self._drops.pop(key) if key in self._drops else deque(maxlen=DROPS_KEPT)
+        times.append(lived_s)
+        self._drops[key] = times  # most recent last: the oldest client goes first
+        while len(self._drops) > self._size:  # bounded however many User-Agents come
+            self._drops.popitem(last=False)
 
-    def reply_within(self, model: str) -> float | None:
-        """How soon a completion of `model` should answer with what it has: a little before its
-        editor's requests have been dropped (None until a few were)."""
-        drops = self._drops.get(model, ())
+    def reply_within(self, model: str, client: str) -> float | None:
+        """How soon `client`'s completion of `model` should answer with what it has: a little before
+        that client's requests have been dropped (None until a few were)."""
+        drops = self._drops.get((model, client), ())
         return REPLY_SHARE * statistics.median(drops) if len(drops) >= MIN_DROPS else None
 
-    def reply_times(self) -> dict[str, float]:
-        """reply_within of each model that has one, rounded (for /llmd/status)."""
-        return {m: round(t, 3) for m in self._drops if (t := self.reply_within(m)) is not None}
-
-    @property
-    def hits(self) -> int:
-        return self.stats["answered"]
+    def reply_times(self) -> dict[str, dict[str, float]]:
+        """reply_within by model and client, rounded (for /llmd/status)."""
+        out: dict[str, dict[str, float]] = {}
+        for model, client in self._drops:
+            if (t := self.reply_within(model, client)) is not None:
+                out.setdefault(model, {})[client] = round(t, 3)
+        return out
 
     @staticmethod
     def _key(model: str, req: GenerationRequest) -> str | None:
-        if req.fim is None:
+        """One cursor's key: every field that changes a reply (`reply_fields`, the response
+        cache's rule) but the typing itself and the seed; None when a proposal cannot answer it
+        (it holds no log probabilities)."""
+        if req.fim is None or req.top_logprobs is not None:
             return None
-        around = {k: v for k, v in dataclasses.asdict(req.fim).items() if k != "prefix"}  # all but the typing
-        what = [model, around, req.stop, req.response_format, dataclasses.asdict(req.sampling) | {"seed": None}]
-        return hashlib.sha256(json.dumps(what, ensure_ascii=False).encode()).hexdigest()
+        what = reply_fields(req)
+        what["fim"] = {k: v for k, v in what["fim"].items() if k != "prefix"}
+        what["sampling"] = {**what["sampling"], "seed": None}
+        return hashlib.sha256(json.dumps([model, what], ensure_ascii=False, default=str).encode()).hexdigest()
 
-    async def answer(self, model: str, req: GenerationRequest) -> str | None:
+    async def answer(self, model: str, req: GenerationRequest, client: str = "") -> str | None:
         """The rest of a proposal at this cursor when this request's prefix is its prefix plus a
         start of it (waiting for a proposal still being decoded while what was typed agrees with it
         so far); None when the model must be asked, after cancelling the dropped proposals of
@@ -165,7 +187,7 @@ class Suggestions:
         if key is None or req.fim is None or (req.max_tokens is not None and req.max_tokens <= 0):
             return None
         loop = asyncio.get_running_loop()
-        within = self.reply_within(model)
+        within = self.reply_within(model, client)
         by = None if within is None else loop.time() + within  # answered with what a proposal holds then
         while (p := self._serving(chain := self._last.get(key, []), req.fim.prefix)) is not None:
             typed = typed_since(p.prefix, req.fim.prefix) or ""
@@ -212,13 +234,15 @@ class Suggestions:
                 return p
         return None
 
-    def begin(self, model: str, req: GenerationRequest, pieces: list[str], follows: bool = False) -> Proposal | None:
+    def begin(self, model: str, req: GenerationRequest, pieces: list[str],
+              after: Proposal | None = None) -> Proposal | None:
         """A new proposal at this request's cursor, its text the list `pieces` as it is decoded;
-        `follows`: it goes on from where the last one there stopped (both are kept)."""
+        `after`: the proposal it goes on from, where that one stopped (both are kept)."""
         key = self._key(model, req)
-        if key is None or req.fim is None:
+        if key is None or req.fim is None or (after is not None and after.link + 1 >= MAX_LINKS):
             return None
-        p = Proposal(model, req.fim.prefix, pieces, follows, stats=self.stats)
+        follows = after is not None
+        p = Proposal(model, req.fim.prefix, pieces, follows, link=after.link + 1 if after else 0, stats=self.stats)
         chain = self._last.pop(key, [])
         if not follows:
             for old in chain:
@@ -228,10 +252,22 @@ class Suggestions:
         for old in chain[:-MAX_CHAIN]:
             old.cancel()
         self._last[key] = chain[-MAX_CHAIN:]
-        while len(self._last) > self._size:
+        while len(self._last) > self._size or (len(self._last) > 1 and self.held_bytes() > MAX_BYTES):
             for old in self._last.popitem(last=False)[1]:
                 old.cancel()
         return p
+
+    def held_bytes(self) -> int:
+        return sum(len(p.prefix) + len(p.text) for chain in self._last.values() for p in chain)
+
+    def forget(self, p: Proposal) -> None:
+        """A proposal whose request failed before its first token (an unknown model, a prompt over
+        the context): nothing to answer from, and its prefix is not kept."""
+        for key, chain in list(self._last.items()):
+            if p in chain:
+                chain.remove(p)
+                if not chain:
+                    del self._last[key]
 
     def drop_orphans(self, model: str) -> None:
         for chain in self._last.values():

@@ -1,6 +1,7 @@
 """The FIM prompt builder, where a completion ends, and the last-proposal store."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -92,7 +93,7 @@ def test_typing_the_proposal_gives_the_rest_of_it():
         assert await s.answer("m", _req("def f(x):\n    x = x + 1")) is None  # typed all of it: nothing left
         assert await s.answer("m", _req("def f(x):\n    x", suffix="\n")) is None  # other text after the cursor
         assert await s.answer("other", _req("def f(x):\n    x")) is None
-        assert s.hits == 1
+        assert s.stats["answered"] == 1
         p = s.begin("m", _req("a\n"), ["b = 1"])
         assert p is not None
         p.finish(False)  # cut off (cancelled, failed): not an answer
@@ -157,8 +158,8 @@ def test_a_dropped_proposal_nobody_asks_for_is_cancelled(monkeypatch: pytest.Mon
 def test_typing_past_the_end_of_a_proposal_is_answered_from_what_was_decoded_on_from_it():
     async def main() -> None:
         s = Suggestions()
-        _done(s, "m", _req("def f(x):\n    "), "y = x")
-        more = s.begin("m", _req("def f(x):\n    y = x"), [" + 1\n    return y"], follows=True)
+        first = _done(s, "m", _req("def f(x):\n    "), "y = x")
+        more = s.begin("m", _req("def f(x):\n    y = x"), [" + 1\n    return y"], after=first)
         assert more is not None
         more.finish(True)
         # within the first one: its rest, and what was decoded on from it
@@ -225,3 +226,39 @@ def test_lines_typed_since_a_slots_prompt_stay_after_the_middle():
     assert middle_start(many, [head]) == len(many.prefix)  # too many lines since: start again
     out, healed = healed_fim_tokens(fim, QWEN, text, cut=len(head))
     assert "".join(chr(t) for t in out if t >= 10).endswith("\nprint(f())\n    x = 1\n    return ")
+
+
+def test_what_a_client_hangs_up_on_is_learned_for_that_client_only():
+    s = Suggestions()
+    for _ in range(suggestions.MIN_DROPS):
+        s.dropped("m", "vscode/1", 0.5)
+    assert s.reply_within("m", "vscode/1") == pytest.approx(0.5 * suggestions.REPLY_SHARE)
+    assert s.reply_within("m", "curl/8") is None  # another client's requests are not cut by it
+    assert s.reply_within("other", "vscode/1") is None
+    assert list(s.reply_times()["m"]) == ["vscode/1"]
+
+
+def test_a_proposal_answers_only_requests_whose_reply_it_would_be():
+    async def main() -> None:
+        s = Suggestions()
+        _done(s, "m", _req("def f(x):\n    "), "x = x + 1")
+        longer = dataclasses.replace(_req("def f(x):\n    x"), max_tokens=5)  # another reply
+        assert await s.answer("m", longer) is None
+        with_logprobs = dataclasses.replace(_req("def f(x):\n    x"), top_logprobs=2)
+        assert s.begin("m", with_logprobs, ["y"]) is None  # a proposal holds no log probabilities
+        assert await s.answer("m", _req("def f(x):\n    x")) == " = x + 1"
+
+    asyncio.run(main())
+
+
+def test_a_chain_of_continuations_is_capped_and_the_store_by_bytes():
+    s = Suggestions()
+    p = _done(s, "m", _req("a\n"), "b")
+    links = 0
+    while (p := s.begin("m", _req("a\nb"), ["c"], after=p)) is not None:  # type: ignore[assignment]
+        links += 1
+    assert links == suggestions.MAX_LINKS - 1  # decoded on from where it stopped a bounded number of times
+    big = "x" * (suggestions.MAX_BYTES // 3)
+    for i in range(6):
+        _done(s, "m", _req(f"{i}{big}"), "y")
+    assert s.held_bytes() <= suggestions.MAX_BYTES + len(big) + 10

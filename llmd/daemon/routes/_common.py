@@ -61,8 +61,8 @@ async def parse_body(request: Request, model: type[M], nulls_are_unset: bool = F
     if nulls_are_unset:
         try:
             data = json.loads(raw)
-        except ValueError:
-            data = None  # reported as invalid JSON below
+        except (ValueError, RecursionError):
+            data = None  # reported as invalid JSON below (pydantic's parser names the depth)
         if isinstance(data, dict) and None in data.values():
             raw = json.dumps({k: v for k, v in data.items() if v is not None}).encode()
     try:
@@ -122,6 +122,13 @@ def _check_extras(request: Request, body: BaseModel) -> None:
 def _short(err: Any) -> bool:
     v = err.get("input")
     return isinstance(v, str | int | float | bool) and len(repr(v)) < 80
+
+
+def client_of(request: Request) -> str:
+    """Which client sent a request, as far as a local server can tell: its User-Agent (an editor's
+    extension, a library and its version), bounded; what is learned of one client's behaviour
+    (daemon.suggestions) is applied to that client only."""
+    return "".join(c if " " <= c <= "~" else "?" for c in request.headers.get("user-agent", ""))[:120]
 
 
 def canonical_name(registry: Any, name: str) -> str:
@@ -294,7 +301,8 @@ class Run:
             try:
                 await while_connected(request, self._reply(task))
             except ClientGone:  # its editor's next keystroke came (daemon.suggestions learns when)
-                request.app.state.suggestions.dropped(self.model, time.perf_counter() - self.t_start)
+                request.app.state.suggestions.dropped(self.model, client_of(request),
+                                                      time.perf_counter() - self.t_start)
                 raise
             finally:
                 if not task.done():  # the client left, or has its reply: the rest is the proposal's
@@ -309,9 +317,10 @@ class Run:
         proposal decodes on past it)."""
         assert self.proposal is not None
         while self.final is None and not task.done():
-            change = asyncio.ensure_future(self.proposal.next_change())
+            change = self.proposal.next_change()
+            waits: set[asyncio.Future[object]] = {task, change}  # type: ignore[arg-type]
             try:
-                await asyncio.wait({task, change}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 change.cancel()
         if self.final is None:
@@ -435,7 +444,8 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     if not req.speculation:
         req = replace(req, speculation=scheduler.speculation)
     t_start = time.perf_counter()
-    if req.fim is not None and req.cache_prompt and (rest := await state.suggestions.answer(name, req)) is not None:
+    client = client_of(request)
+    if req.fim is not None and req.cache_prompt and (rest := await state.suggestions.answer(name, req, client)) is not None:
         # the person typed the start of the last proposal: the rest of it is the answer, no model step
         events = _replay(req, Cached([rest], "stop", Usage(0, 0, 0, 0.0, 0.0, 0.0), ()))
         return Run(req, name, events, await events.__anext__(), t_start, cache="hit", request=request)
@@ -463,11 +473,15 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     proposal = state.suggestions.begin(name, req, text) if req.fim is not None and req.cache_prompt else None
     if proposal is not None and wait is None and req.max_tokens:  # decoded on past the reply, for the next keystrokes
         req = replace(req, propose_tokens=min(req.max_tokens, PROPOSE_TOKENS),
-                      reply_within_s=state.suggestions.reply_within(name))
+                      reply_within_s=state.suggestions.reply_within(name, client))
     events = scheduler.generate(name, req, admission)
     coming: asyncio.Future[Event] = asyncio.ensure_future(events.__anext__())
-    if proposal is not None:  # refused or failed before its first token: nobody waits on it
-        coming.add_done_callback(lambda f: proposal.finish(False) if f.cancelled() or f.exception() else None)
+    if proposal is not None:  # refused or failed before its first token: nobody waits on it, nor is it kept
+        def failed(f: asyncio.Future[Event]) -> None:
+            if f.cancelled() or f.exception():
+                proposal.finish(False)
+                state.suggestions.forget(proposal)
+        coming.add_done_callback(failed)
     # an editor drops its request at the next keystroke, most often while the prompt is still read
     gone = asyncio.ensure_future(_disconnected(request)) if proposal is not None and wait is None else None
     watched: set[asyncio.Future[Any]] = {coming} if gone is None else {coming, gone}
@@ -483,8 +497,9 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
     done = coming.done()
     run = Run(req, name, events, coming.result() if done else None, t_start, admission, cache=status, cache_key=key,
               request=request, pending=None if done else coming, text=text, proposal=proposal)
-    if proposal is not None and not done:  # dropped: it runs on to fill the proposal for the next keystroke
-        state.suggestions.dropped(name, time.perf_counter() - t_start)
+    if proposal is not None and not done and gone is not None:  # dropped: it runs on for the next keystroke
+        # (a stream whose first event is merely slow has no `gone`: it goes on with keep-alives)
+        state.suggestions.dropped(name, client, time.perf_counter() - t_start)
         proposal.run_on(asyncio.ensure_future(run.drain()))
         raise ClientGone("the client closed the connection; its completion is kept for the next keystroke")
     after: list[Callable[[Run], Any]] = []
@@ -511,12 +526,15 @@ def _go_on(request: Request, name: str, run: Run) -> None:
         return
     nreq = replace(req, id=uuid.uuid4().hex, fim=replace(req.fim, prefix=req.fim.prefix + text))
     pieces: list[str] = []
-    proposal = state.suggestions.begin(name, nreq, pieces, follows=True)
+    proposal = state.suggestions.begin(name, nreq, pieces, after=run.proposal)
+    if proposal is None:  # the chain is as long as it may be
+        return
     events = state.scheduler.generate(name, nreq)
     more = Run(nreq, name, events, None, time.perf_counter(), pending=asyncio.ensure_future(events.__anext__()),
                text=pieces, proposal=proposal, on_done=lambda r: _go_on(request, name, r))
-    if proposal is not None:
-        proposal.run_on(asyncio.ensure_future(more.drain()))
+    # it runs for nobody unless a keystroke asks for it: the deadline of what it goes on from, not a new one
+    parent = run.proposal.deadline if run.proposal is not None and run.proposal.task is not None else None
+    proposal.run_on(asyncio.ensure_future(more.drain()), deadline=parent)
 
 
 def _served(request: Request, name: str) -> dict[str, Any] | None:
@@ -542,6 +560,8 @@ def _store(cache: Any, run: Run) -> None:
         return
     if run.admission.fallback:  # another model's reply: not the remote model's to replay
         return
+    if run.reply_len is not None and final.usage.completion_tokens < (run.req.max_tokens or 0):
+        return  # answered early, cut by time (reply_within_s): not the reply the request asks for
     try:
         cache.put(run.cache_key, run.model, run.text[:run.reply_len] if run.reply_len is not None else run.text,
                   final.finish_reason, final.usage, run.tool_calls)
