@@ -112,7 +112,7 @@ def test_tool_grammar_builds_and_bounds_apply():
     assert g.startswith('root ::= "<tool_call>\\n" llmd-call "\\n</tool_call>" ("\\n" ')
     assert "{0,7}" in g.splitlines()[0]
     assert 'char ::= [^"\\\\\\x7F\\x00-\\x1F]' in g  # JSON strings hold no raw newline
-    assert "(char){0,50000}" in grammar_for_tools(ToolConstraint({"type": "string", "maxLength": 50000}))
+    assert "char{0,50000}" in grammar_for_tools(ToolConstraint({"type": "string", "maxLength": 50000}))
     with pytest.raises(GrammarError, match="100000"):  # more than any context holds
         grammar_for_tools(ToolConstraint({"type": "string", "maxLength": 500_000}))
 

@@ -33,8 +33,8 @@ def test_bounds_no_context_could_fill_are_refused_with_the_limit(schema: dict):
 
 
 @pytest.mark.parametrize("schema, flat", [
-    ({"type": "string", "maxLength": 30000}, '"\\"" (char){0,30000} "\\""'),
-    ({"type": "string", "minLength": 1050, "maxLength": 5000}, "(char){1050,5000}"),
+    ({"type": "string", "maxLength": 30000}, '"\\"" char{0,30000} "\\""'),
+    ({"type": "string", "minLength": 1050, "maxLength": 5000}, "char{1050,5000}"),
     ({"type": "string", "pattern": "^a{0,50000}$"}, '("a"){0,50000}'),
     ({"type": "array", "items": {"type": "integer"}, "maxItems": 5000}, '(integer ("," space integer){0,4999})?'),
     ({"type": "array", "items": {"type": "integer"}, "minItems": 2000, "maxItems": 5000},
@@ -52,7 +52,7 @@ def test_long_repetitions_are_written_flat_not_nested(schema: dict, flat: str):
 def test_short_repetitions_are_counted_too_and_the_converter_is_not_patched():
     import llama_cpp.llama_grammar as lg
 
-    assert "(char){0,3}" in schema_grammar({"type": "string", "maxLength": 3})
+    assert "char{0,3}" in schema_grammar({"type": "string", "maxLength": 3})
     # llama-cpp-python's own converter is left as it is: its nested form for everyone else
     assert lg._build_repetition("c", 0, 3) == "(c (c (c)?)?)?"
 

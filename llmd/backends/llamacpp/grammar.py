@@ -211,14 +211,34 @@ def _repeat(item: str, lo: int, hi: int | None, sep: str = "") -> str:
     if hi == 0:
         return ""
     if not sep:
+        atom = _one_atom(item)
         if (lo, hi) == (0, 1):
-            return f"({item})?"
+            return f"{atom}?"
         if hi is None:
-            return f"({item}){{{lo},}}" if lo > 1 else f"({item}){'+' if lo else '*'}"
-        return f"({item}){{{lo},{hi}}}" if lo != hi else f"({item}){{{lo}}}"
+            return f"{atom}{{{lo},}}" if lo > 1 else f"{atom}{'+' if lo else '*'}"
+        return f"{atom}{{{lo},{hi}}}" if lo != hi else f"{atom}{{{lo}}}"
     rest = _repeat(f"{sep} {item}", max(0, lo - 1), None if hi is None else hi - 1)
     once = f"{item} {rest}".rstrip()
     return once if lo > 0 else f"({once})?"
+
+
+_NAME_OR_CLASS = re.compile(r"[A-Za-z0-9_-]+|\[(?:[^\]\\]|\\.)*\]")
+
+
+def _one_atom(item: str) -> str:
+    """`item` as one GBNF atom: a name, a class or a group as it is, anything else in parentheses
+    (each group is a rule to llama.cpp, counted against its repetition limit: never two for one)."""
+    if _NAME_OR_CLASS.fullmatch(item):
+        return item
+    if item.startswith("(") and item.endswith(")"):
+        depth = 0
+        for i, c in enumerate(item):  # is the first parenthesis closed only at the end?
+            depth += (c == "(") - (c == ")")
+            if depth == 0:
+                if i == len(item) - 1 and '"' not in item:
+                    return item
+                break
+    return f"({item})"
 
 
 def _gbnf(alt: _Alt) -> str:

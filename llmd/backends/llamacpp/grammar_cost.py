@@ -29,6 +29,10 @@ MAX_RULES = 250_000  # rules after llama.cpp expands counted repetitions (each l
 # parse stacks live at once: each is checked against the vocabulary (151k tokens for Qwen) at each
 # token; measured on two cores with Qwen2.5's vocabulary, 256 stacks sample in about 30 ms a token
 MAX_STACKS = 256
+# llama.cpp's own parser refuses a repetition whose item (with the rules the item made) times its
+# count exceeds this, a count above it, and reads a bound above it as no bound (llama-grammar.cpp,
+# MAX_REPETITION_THRESHOLD): mirrored here so that what llmd accepts is what llama.cpp loads
+LLAMA_REPEAT_LIMIT = 2000
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+|\#[^\n]*)
@@ -111,33 +115,54 @@ def _parse(tokens: list[tuple[str, str]], field_name: str) -> tuple[dict[str, _A
     the text may be nested deeper than Python's stack)."""
     rules: dict[str, _Alt] = {}
     depth = expanded = 0
+    seen: set[str] = set()  # rule names, as llama.cpp numbers them when it first meets each
+    symbols = 0  # llama.cpp's rule ids so far, the count its repetition limit is taken on
+
+    def named(text: str) -> None:
+        nonlocal symbols
+        if text not in seen:
+            seen.add(text)
+            symbols += 1
+
     i = 0
     while i < len(tokens):
         if tokens[i][0] != "name" or i + 1 >= len(tokens) or tokens[i + 1][0] != "def":
             raise GrammarError(f"the grammar has {tokens[i][1]!r} where a rule should start", field_name)
         name, i = tokens[i][1], i + 2
+        named(name)
         top = _Alt([[]])
         stack = [top]
+        # per open group: the ids before it, and llama.cpp's count of rules the last item made
+        starts, prev = [symbols], [1]
         expanded += 1
         while i < len(tokens) and not (tokens[i][0] == "name" and i + 1 < len(tokens) and tokens[i + 1][0] == "def"):
             kind, text = tokens[i]
             seq = stack[-1].seqs[-1]
             if kind in ("lit", "cls") or text == ".":
                 seq.append(_Item(""))
+                prev[-1] = 1
             elif kind == "name":
                 seq.append(_Item(text))
+                named(text)
+                prev[-1] = 1
             elif text == "(":
                 group = _Alt([[]])
                 seq.append(_Item(group))
                 stack.append(group)
+                starts.append(symbols)
+                prev.append(1)
+                symbols += 1
                 depth = max(depth, len(stack) - 1)
                 expanded += 1
             elif text == ")":
                 if len(stack) == 1:
                     raise GrammarError("the grammar closes a group it never opened", field_name)
                 stack.pop()
+                prev.pop()
+                prev[-1] = max(1, symbols - starts.pop())
             elif text == "|":
                 stack[-1].seqs.append([])
+                prev[-1] = 1
             elif text in "?*+" or kind == "count":
                 if not seq:
                     raise GrammarError(f"the grammar repeats nothing with {text!r}", field_name)
@@ -150,6 +175,7 @@ def _parse(tokens: list[tuple[str, str]], field_name: str) -> tuple[dict[str, _A
                     lo, hi = {"?": (0, 1), "*": (0, None), "+": (1, None)}[text]
                 item.lo, item.hi = lo, hi
                 expanded += max(lo, hi or 0) + 1
+                symbols, prev[-1] = _llama_repeat(prev[-1], lo, hi, symbols, field_name)
             else:
                 raise GrammarError(f"the grammar has {text!r} where it was not expected", field_name)
             i += 1
@@ -157,6 +183,22 @@ def _parse(tokens: list[tuple[str, str]], field_name: str) -> tuple[dict[str, _A
             raise GrammarError(f"the grammar's rule {name} leaves a group open", field_name)
         rules[name] = top
     return rules, depth, expanded
+
+
+def _llama_repeat(made: int, lo: int, hi: int | None, symbols: int, field_name: str) -> tuple[int, int]:
+    """llama.cpp's check of one repetition of an item that made `made` rules: the rule ids after it
+    and the count the next repetition of the same item is taken on."""
+    if lo > LLAMA_REPEAT_LIMIT:
+        raise GrammarError(f"the grammar repeats an item at least {lo:,} times; llama.cpp allows "
+                           f"{LLAMA_REPEAT_LIMIT:,} (lower minLength, minItems or the pattern's count)", field_name)
+    if hi is not None and hi > LLAMA_REPEAT_LIMIT:
+        hi = None  # llama.cpp's own reading: a bound this high is no bound
+    total = hi if hi else (lo or 1)
+    if made * total > LLAMA_REPEAT_LIMIT:
+        raise GrammarError(f"the grammar repeats an item of {made} rules up to {total:,} times ({made * total:,} "
+                           f"rules); llama.cpp allows {LLAMA_REPEAT_LIMIT:,}: lower the count or simplify "
+                           "what is repeated", field_name)
+    return symbols + (1 if hi is None else hi - lo), made * total
 
 
 def _shapes(rules: dict[str, _Alt], field_name: str) -> dict[str, _Shape]:
