@@ -238,9 +238,10 @@ SETTINGS: tuple[Setting, ...] = (
             "less as its draft model, when none is paired (`llmd models pair T --none` refuses one)"),
     Setting("repack", "llama.cpp weight repacking (AMX and other CPU layouts): auto (on unless it "
             "crashed on this CPU before; see `llmd doctor`), on or off"),
-    Setting("flash_attn", "llama.cpp's flash-attention kernel: auto (on, as llama-server) or on; off attends by "
-            "matrix products on the CPU under the fast policy, faster past a few hundred tokens of context "
-            "(benchmarks/attention.py), not yet the default (README)"),
+    Setting("flash_attn", "the attention kernel: auto attends by matrix products on the CPU under the fast "
+            "policy (faster past a few hundred tokens of context, benchmarks/attention.py) and keeps "
+            "llama.cpp's flash attention under the exact policy and on a GPU; on keeps flash attention "
+            "everywhere (as llama-server); off is auto"),
     Setting("kl_warn", "`llmd eval` warns when the KL divergence from the base model is above this"),
     Setting("standby", "keep one worker process started ahead, so loads and switches skip its start"),
     Setting("remote_read_s", "a remote model's upstream that sends nothing this many seconds in a reply is cut "

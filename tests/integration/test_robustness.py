@@ -142,7 +142,7 @@ def test_a_multi_megabyte_prompt_never_holds_the_event_loop(d: Daemon):
     assert gaps and max(gaps) < 0.5, f"/llmd/health took up to {max(gaps):.2f} s while the big request went down"
 
 
-@pytest.mark.parametrize("raw", ["1e400", "Infinity", "NaN", "-Infinity"])
+@pytest.mark.parametrize("raw", ["1e400", "Infinity", "NaN", "-Infinity", "1e308", "1e12"])
 def test_non_finite_keep_alive_is_400(d: Daemon, raw: str):
     body = '{"model": "smollm2-135m", "prompt": "Hi", "stream": false, "options": {"num_predict": 2}, ' \
            f'"keep_alive": {raw}}}'
@@ -151,6 +151,65 @@ def test_non_finite_keep_alive_is_400(d: Daemon, raw: str):
     assert "keep_alive" in r.json()["error"]
     assert httpx.get(d.url + "/api/ps").status_code == 200
     assert httpx.get(d.url + "/llmd/status").status_code == 200
+
+
+EMAIL = {"type": "object", "properties": {"email": {"type": "string", "format": "email", "maxLength": 99999}}}
+GREEDY = [  # each is a grammar llama.cpp would choke on: nested 99,999 deep, or millions of parse stacks
+    EMAIL,
+    {"type": "string", "maxLength": 99999, "additionalProperties": False},
+    {"type": "array", "items": {"type": "string"}, "maxItems": 99999, "properties": {}},
+    {"type": "string", "pattern": "((a?){1000}){1000}"},
+    {"type": "string", "pattern": "(a?){1000}" * 150},
+    {"type": "string", "pattern": "a?" * 200000},
+    {"type": "string", "pattern": "(" * 400 + "a" + ")" * 400},
+]
+
+
+@pytest.mark.parametrize("schema", GREEDY, ids=["email-99999", "string-props", "array-props", "nested-optional",
+                                                "summed-optional", "200k-optional", "400-groups"])
+def test_no_schema_takes_the_engine_down(d: Daemon, schema: dict):
+    """Served with flat repetitions where llama.cpp can hold them, else a 400 naming the limit; in a
+    tool's parameters the call is held to its JSON shape. Beside a stream that must finish intact."""
+    with cf.ThreadPoolExecutor(2) as pool:
+        running = pool.submit(stream_intact, d.url)
+        r = httpx.post(d.url + "/v1/chat/completions", timeout=120, json={
+            **HI, "max_tokens": 8, "response_format": {"type": "json_schema",
+                                                       "json_schema": {"name": "x", "schema": schema}}})
+        assert r.status_code in (200, 400), r.text
+        if r.status_code == 400:
+            assert r.json()["error"]["param"] == "response_format", r.text
+        tool = {"type": "function", "function": {"name": "save", "parameters": {
+            "type": "object", "properties": {"value": schema}, "required": ["value"]}}}
+        t = httpx.post(d.url + "/v1/chat/completions", timeout=120, json={
+            **HI, "max_tokens": 8, "tools": [tool], "tool_choice": "required"})
+        # a tool whose schema alone is 200,000 characters cannot be shown to the model at all
+        too_long = t.status_code == 400 and t.json()["error"]["code"] == "context_length_exceeded"
+        assert t.status_code == 200 or too_long, t.text
+        text, _ = running.result()
+    assert text.strip()
+    assert httpx.get(d.url + "/llmd/status").json()["worker_crashes"] == 0
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", '{"model": "smollm2-135m", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+    ("/v1/completions", '{"model": "smollm2-135m", "prompt": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "extra": '
+     + "[" * 5000 + "]" * 5000 + "}"),
+    ("/v1/completions", '{"prompt": "hi", "extra": ' + "{\"a\": " * 5000 + "1" + "}" * 5000 + "}"),
+])
+def test_a_body_nested_too_deep_is_400(d: Daemon, path: str, body: str):
+    r = httpx.post(d.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "recursion" in r.text or "JSON" in r.text, r.text
+
+
+@pytest.mark.parametrize("system", [5, True, {"text": "x"}])
+def test_a_system_that_is_not_text_is_400_on_messages(d: Daemon, system: object):
+    r = httpx.post(d.url + "/v1/messages", timeout=60, json={
+        "model": "smollm2-135m", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "hi"}, {"role": "system", "content": system}]})
+    assert r.status_code == 400, r.text
+    assert "system" in r.text or "content" in r.text
 
 
 def test_non_ascii_token_is_401_and_nul_path_is_400(d: Daemon):
@@ -390,3 +449,83 @@ def test_a_long_embedding_request_is_busy_not_hung(tmp_path: Path):
         assert httpx.get(d.url + "/llmd/status").json()["worker_crashes"] == 0
     finally:
         d.stop()
+
+
+def test_a_streamed_completion_whose_first_token_is_slow_streams_keep_alives_not_499(tmp_path: Path):
+    """Ollama streams by default, and Continue's and Twinny's Ollama providers send `suffix`: a
+    completion whose first token takes over FIRST_EVENT_WAIT_S (a cold model, a long file; here a
+    load that takes 14 s and then fails) starts its stream with keep-alives and ends with what
+    happened, never a 499 'client closed the connection' to a client that is still there."""
+    from llmd.daemon.routes._common import FIRST_EVENT_WAIT_S
+
+    d = Daemon(tmp_path / "home", env={"LLMD_TEST_CRASH": "hang-load", "LLMD_LOAD_TIMEOUT_S": "14",
+                                       "LLMD_PRELOAD": "0", "LLMD_STANDBY": "0"})
+    d.start(wait_model=False)
+    try:
+        t0 = time.monotonic()
+        with httpx.stream("POST", d.url + "/api/generate", timeout=60, json={
+                "model": "smollm2-135m", "prompt": "def add(a, b):\n    return ", "suffix": "\n"}) as r:
+            started = time.monotonic() - t0
+            lines = [line for line in r.iter_lines() if line]
+        assert r.status_code == 200, lines
+        assert started >= FIRST_EVENT_WAIT_S - 1, started
+        assert "LLMD_LOAD_TIMEOUT_S" in lines[-1], lines
+    finally:
+        d.stop()
+
+
+def _agent_prompt(seed: int, words: int = 5000) -> dict:
+    """A long first request, as Claude Code's first turn is (its system prompt and tools run to
+    12-19k tokens); a seed of its own so that no cache has seen it."""
+    import random
+
+    rng = random.Random(seed)
+    vocab = "alpha river stone cloud paper seven orange quiet market window engine silver garden".split()
+    return {"model": "smollm2-135m", "max_tokens": 4, "stream": True, "temperature": 0,
+            "system": " ".join(rng.choice(vocab) for _ in range(words)),
+            "messages": [{"role": "user", "content": "Say hi."}]}
+
+
+def _stream_messages(url: str, body: dict, cut_s: float | None) -> tuple[list[str], dict | None]:
+    """Claude Code's way: read events until `cut_s` passes without content, then hang up."""
+    events, usage = [], None
+    try:
+        with httpx.stream("POST", url + "/v1/messages", json=body,
+                          timeout=httpx.Timeout(300, read=cut_s)) as r:
+            assert r.status_code in (200, 499), r.read()
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    events.append(line[7:])
+                elif line.startswith("data: ") and '"message_delta"' in line:
+                    usage = json.loads(line[6:])["usage"]
+    except httpx.ReadTimeout:
+        pass
+    return events, usage
+
+
+def _open_requests(url: str) -> int:
+    return sum(m["open_requests"] for m in httpx.get(url + "/llmd/status").json()["loaded"])
+
+
+@pytest.mark.parametrize("cut_s", [0.2, 1.5])
+def test_an_agent_that_hangs_up_mid_prompt_and_retries_resumes_where_it_stopped(d: Daemon, cut_s: float):
+    """Claude Code aborts a stream that yielded no event for CLAUDE_STREAM_IDLE_TIMEOUT_MS and sends
+    the same request again. Each hang-up ends its request (before message_start, or after it during
+    the pings), the prompt's KV read so far stays, and the retry reads only the rest: the final
+    usage shows the earlier attempts' tokens as cached."""
+    body = _agent_prompt(int(cut_s * 10))
+    for attempt in range(2):
+        events, usage = _stream_messages(d.url, body, cut_s)
+        assert usage is None, f"attempt {attempt} finished within {cut_s} s: make the prompt longer"
+        if cut_s > 1.0:
+            assert events[:1] == ["message_start"], events  # at once, not after FIRST_EVENT_WAIT_S
+        deadline = time.monotonic() + 30  # a prefill step of 512 tokens, on a loaded CI machine
+        while _open_requests(d.url) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _open_requests(d.url) == 0, "a request whose client hung up is still open"
+    t0 = time.monotonic()
+    events, usage = _stream_messages(d.url, body, None)
+    assert usage is not None and events[0] == "message_start" and events[-1] == "message_stop", events
+    print(f"retry after two hang-ups at {cut_s} s: {time.monotonic() - t0:.1f} s, {usage}")
+    assert usage["cache_read_input_tokens"] > 0, usage
+    assert _open_requests(d.url) == 0

@@ -382,12 +382,12 @@ def engine_of(request: Request, name: str) -> str:
 
 
 async def start_run(request: Request, model: str | None, req: GenerationRequest, api: str,
-                    stream: bool = False) -> Run:
+                    stream: bool = False, first_wait: float = FIRST_EVENT_WAIT_S) -> Run:
     """The request submitted and its first event awaited (errors raised as 4xx/5xx); for a `stream`,
-    awaited at most FIRST_EVENT_WAIT_S, after which the Run yields keep-alives until it comes."""
+    awaited at most `first_wait`, after which the Run yields keep-alives until it comes."""
     _note_loosened(request, req)
     try:
-        run = await _start(request, model, req, FIRST_EVENT_WAIT_S if stream else None)
+        run = await _start(request, model, req, first_wait if stream else None)
     except LlmdError as e:
         outcome = "rejected" if e.status < 500 else "error"
         metrics = request.app.state.metrics
@@ -404,6 +404,21 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
                      run.model)
     run.backend = engine_of(request, run.model).split(":")[0]
     return run
+
+
+_told_no_thinking: set[str] = set()
+
+
+def note_no_thinking(request: Request, model: str, asked: list[str]) -> None:
+    """Reasoning asked for (`think`, `thinking`, `output_config.effort`) of a model whose template
+    writes none: answered without it, the fields named in X-LLMD-Ignored, and logged once per model."""
+    if not asked:
+        return
+    request.state.ignored = [*getattr(request.state, "ignored", []), *asked]
+    if model not in _told_no_thinking:
+        _told_no_thinking.add(model)
+        _log.info("%s: %s asked for, but its chat template writes no reasoning; answering without it",
+                  model, " and ".join(asked))
 
 
 def _note_loosened(request: Request, req: GenerationRequest) -> None:
@@ -482,26 +497,30 @@ async def _prepare_run(request: Request, model: str | None, req: GenerationReque
                 proposal.finish(False)
                 state.suggestions.forget(proposal)
         coming.add_done_callback(failed)
-    # an editor drops its request at the next keystroke, most often while the prompt is still read
-    gone = asyncio.ensure_future(_disconnected(request)) if proposal is not None and wait is None else None
-    watched: set[asyncio.Future[Any]] = {coming} if gone is None else {coming, gone}
+    # a client can hang up while its prompt is still read (an editor at the next keystroke, an agent
+    # whose idle timer ran out): noticed at once, whatever the wait, so the engine stops within a step
+    gone = asyncio.ensure_future(_disconnected(request))
+    watched: set[asyncio.Future[Any]] = {coming, gone}
     try:
-        await asyncio.wait(watched, timeout=wait,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(watched, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # the client left (the task running the route was cancelled)
         coming.cancel()
         raise
     finally:
-        if gone is not None:
-            gone.cancel()
+        left = gone.done() and not gone.cancelled() and gone.exception() is None
+        gone.cancel()
     done = coming.done()
     run = Run(req, name, events, coming.result() if done else None, t_start, admission, cache=status, cache_key=key,
               request=request, pending=None if done else coming, text=text, proposal=proposal)
-    if proposal is not None and not done and gone is not None:  # dropped: it runs on for the next keystroke
-        # (a stream whose first event is merely slow has no `gone`: it goes on with keep-alives)
+    if left and not done and proposal is not None:  # dropped: it runs on for the next keystroke
         state.suggestions.dropped(name, client, time.perf_counter() - t_start)
         proposal.run_on(asyncio.ensure_future(run.drain()))
         raise ClientGone("the client closed the connection; its completion is kept for the next keystroke")
+    if left and not done:  # its KV computed so far stays in the slot: the same prompt sent again resumes there
+        coming.cancel()
+        with contextlib.suppress(BaseException):
+            await coming
+        raise ClientGone("the client closed the connection before the first token")
     after: list[Callable[[Run], Any]] = []
     if proposal is not None:
         after.append(lambda r: _go_on(request, name, r))
@@ -540,15 +559,17 @@ def _go_on(request: Request, name: str, run: Run) -> None:
 def _served(request: Request, name: str) -> dict[str, Any] | None:
     """What of the daemon's own setup changes a reply (the response cache's key holds it): the
     batching policy, the llama.cpp build, and the loaded model's context (which bounds a reply and
-    decides which old messages are dropped to fit), weight repacking and GPU split as they came out
-    of the load. None while the model is not loaded: those are known only once it is."""
+    decides which old messages are dropped to fit), weight repacking, GPU split and the attention
+    kernel as they came out of the load. None while the model is not loaded: those are known only once it is."""
     s = request.app.state.settings
     worker = request.app.state.scheduler.workers.get(name)
     if worker is None or worker.cfg is None:
         return None
     cfg = worker.cfg
+    # the attention kernel too: flash attention and matrix products give different logits
     return {"policy": "exact" if s.exact else "fast", "llama_cpp": _llama_cpp_version(), "n_ctx": cfg.n_ctx,
-            "repack": cfg.repack, "gpu_layers": worker.info.get("gpu_layers", cfg.gpu_layers)}
+            "repack": cfg.repack, "gpu_layers": worker.info.get("gpu_layers", cfg.gpu_layers),
+            "attention": worker.info.get("attention")}
 
 
 _llama_cpp_version = functools.cache(llama_cpp_version)  # read once: the package cannot change under us

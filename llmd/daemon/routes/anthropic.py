@@ -21,7 +21,15 @@ from starlette.routing import Route
 from llmd.backends.base import GenerationRequest, Sampling, TokenEvent, Usage
 from llmd.chat.parse import Delta, ReplyParser
 from llmd.chat.tools import check_choice, offered_tools
-from llmd.daemon.routes._common import KeepAlive, Run, chat_format, normalize_tools, parse_body, start_run
+from llmd.daemon.routes._common import (
+    KeepAlive,
+    Run,
+    chat_format,
+    normalize_tools,
+    note_no_thinking,
+    parse_body,
+    start_run,
+)
 from llmd.daemon.security import error_body
 from llmd.errors import BadRequest, LlmdError
 
@@ -252,16 +260,17 @@ class _Blocks:
         return evs
 
 
-def _note_no_thinking(request: Request, body: MessagesBody, thinks: bool) -> None:
-    """`thinking` and `output_config.effort` ask for reasoning: a model whose template writes
-    <think> does it; for any other the request is answered, and the fields named in X-LLMD-Ignored."""
+FIRST_STREAM_EVENT_S = 0.5
+
+
+def _asked_thinking(body: MessagesBody) -> list[str]:
+    """The fields of `body` that ask for reasoning."""
     asked = []
     if body.thinking is not None and body.thinking.get("type") != "disabled":
         asked.append("thinking")
     if "effort" in (body.output_config or {}):
         asked.append("output_config.effort")
-    if asked and not thinks:
-        request.state.ignored = [*getattr(request.state, "ignored", []), *asked]
+    return asked
 
 
 async def messages(request: Request) -> Response:
@@ -274,10 +283,14 @@ async def messages(request: Request) -> Response:
     req = GenerationRequest(
         id=uuid.uuid4().hex, messages=chat_messages(body.system, body.messages), max_tokens=body.max_tokens,
         sampling=_sampling(body), stop=tuple(body.stop_sequences or ()), response_format=fmt, **tools)
-    run = await start_run(request, body.model, req, "anthropic", stream=body.stream)
+    # message_start goes out at once: Claude Code's SDK drops `ping`, and its idle timer
+    # (CLAUDE_STREAM_IDLE_TIMEOUT_MS) counts from the last event it yielded; what fails in the first
+    # half second (a bad schema, a prompt too long) is still a 4xx
+    run = await start_run(request, body.model, req, "anthropic", stream=body.stream, first_wait=FIRST_STREAM_EVENT_S)
     mid = "msg_" + req.id
     fmt_of_model = await chat_format(request, run.answered_by)
-    _note_no_thinking(request, body, fmt_of_model.thinking)
+    if not fmt_of_model.thinking:
+        note_no_thinking(request, run.answered_by, _asked_thinking(body))
     parser = ReplyParser(fmt_of_model, offered_tools(req), stream_calls=body.stream)
     blocks = _Blocks()
 

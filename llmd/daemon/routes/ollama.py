@@ -33,6 +33,7 @@ from llmd.daemon.routes._common import (
     chat_format,
     fim_spellings,
     normalize_tools,
+    note_no_thinking,
     parse_body,
     start_run,
 )
@@ -245,15 +246,6 @@ async def _respond(run: Run, stream: bool, chat: bool) -> Response:
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers=run.headers)
 
 
-_told: set[str] = set()
-
-
-def _note_no_thinking(model: str) -> None:
-    if model not in _told:
-        _told.add(model)
-        log.info("%s: 'think' asked for, but its chat template writes no reasoning; answering without it", model)
-
-
 def _keep_alive(request: Request, body: _Base) -> None:
     if body.keep_alive is not None:
         request.app.state.registry.get(body.model)
@@ -270,7 +262,7 @@ async def chat(request: Request) -> Response:
         return await _load_only(request, body, chat=True)
     fmt = await chat_format(request, body.model)
     if body.think and not fmt.thinking:
-        _note_no_thinking(body.model)
+        note_no_thinking(request, body.model, ["think"])
     # a chat longer than the context loses its oldest messages, as Ollama's does (said in a header)
     req = _generation(body, messages=_messages(body), tools=normalize_tools(body.tools), drop_old_messages=True)
     run = await start_run(request, body.model, req, "ollama", stream=body.stream)
