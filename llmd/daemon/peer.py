@@ -63,8 +63,13 @@ def peer_uid(client: Address | None, server: Address | None, tables: Iterable[st
         return None
     texts = _read_tables() if tables is None else list(tables)
     found: list[int] = []
+    # rows are parsed only where the client's port appears: a full socket table is tens of
+    # thousands of rows, read on every refused control request
+    port = f":{want[0][1]:04X} "
     for text in texts:
         for line in text.splitlines()[1:]:
+            if port not in line:
+                continue
             f = line.split()
             if len(f) < 10:
                 continue

@@ -145,10 +145,11 @@ def available_bytes() -> int:
 def check_fit(name: str, info: GGUFInfo, n_ctx: int, n_slots: int, available: int | None = None,
               draft: GGUFInfo | None = None, flash_attn: bool = True) -> Estimate:
     """Raise DoesNotFit, with the numbers and the ways out, when the load would not fit in RAM.
-    A paired draft model loads in the same worker with the same slots: it counts too."""
+    A paired draft model loads in the same worker with the same slots: it counts too, with flash
+    attention whatever the target uses (draft_model.py), so without an attention scratch."""
     est = estimate(info, n_ctx, n_slots, flash_attn)
     if draft is not None:
-        d = estimate(draft, n_ctx, n_slots, flash_attn)
+        d = estimate(draft, n_ctx, n_slots, flash_attn=True)
         est = Estimate(est.weights + d.weights, est.kv + d.kv, est.compute + d.compute, n_ctx, n_slots)
     avail = available_bytes() if available is None else available
     if est.total <= avail:

@@ -71,3 +71,15 @@ def test_one_rule_decides_a_larger_context_asked_for_whether_loaded_or_loading()
     assert why and "more than half" in why
     # on a GPU, the offloaded layers' share must fit its memory too
     assert "GPU" in grow_refusal(model, None, 4, 32768, 64 * 1024 * MB, gpu_share=1.0, vram_available=100 * MB)
+
+
+def test_a_draft_model_is_charged_no_attention_scratch_it_does_not_use():
+    """The draft attends with flash attention whatever the target does (draft_model.py): a target
+    attending by matrix products is charged its scores, the draft only its weights and KV."""
+    from llmd.models.memory import attention_scratch, check_fit, estimate
+
+    target, draft = info(32768), info(32768, layers=24, head=64)
+    est = check_fit("m", target, 8192, 4, available=64 * GIB, draft=draft, flash_attn=False)
+    alone = estimate(target, 8192, 4, flash_attn=False)
+    assert est.compute - alone.compute == estimate(draft, 8192, 4, flash_attn=True).compute
+    assert attention_scratch(8192, 12) > 0
