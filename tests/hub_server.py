@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from thread_server import ThreadServer
 
-from llmd.models.registry import file_digest
+from llmd.models.digest import file_digest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -27,11 +27,6 @@ from llmd.backends.select import cpu_identity
 log = logging.getLogger("llmd.repack")
 
 REPACK_MODES = ("auto", "on", "off")
-# The test-only switch (the test_crash setting, marked for tests in config.SETTINGS): the worker kills itself with SIGSEGV
-# at its first multi-token decode, "repack" only while repacking is on, "always" in any case; "hang"
-# and "raise": a decode of more than 100 tokens that never returns, or that raises (context.py);
-# "hang-load": a model load that never returns.
-CRASH_ENV = "LLMD_TEST_CRASH"
 
 
 def llama_cpp_version() -> str:

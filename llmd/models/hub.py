@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llmd.errors import BadRequest, InsufficientStorage, ModelNotFound, UpstreamError
+from llmd.models.digest import file_digest
 
 DEFAULT_QUANT = "Q4_K_M"
 # from the most bits to the fewest: "closest" is the nearest in this order
@@ -232,8 +233,6 @@ def _fetch(p: PullPlan, f: HubFile, dest: Path, progress: Progress | None) -> No
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
-
-    from llmd.models.registry import file_digest  # the registry imports this module
 
     target = inside(dest, f.name)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from llmd.db import open_store_db
 from llmd.errors import BadRequest, ModelNotFound
 from llmd.models.catalog import find_packaged
 from llmd.models.checkpoint import read_checkpoint
+from llmd.models.digest import file_digest
 from llmd.models.gguf import read_gguf
 from llmd.models.hub import files_of, is_hub_ref, parse_ref
 from llmd.models.vocab import incompatibilities, read_vocab
@@ -88,14 +89,6 @@ def check_pair(target: dict[str, Any], draft: dict[str, Any]) -> None:
         raise BadRequest(f"{draft['name']} cannot draft for {target['name']}: their vocabularies differ ("
                          + "; ".join(problems) + "). A draft model must share the target's tokenizer, "
                          "e.g. a smaller model of the same family", "draft")
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
 
 
 class Registry:

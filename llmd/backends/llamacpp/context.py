@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from llmd.backends.repack import CRASH_ENV
+from llmd.backends.crash_switch import CRASH_ENV
 from llmd.errors import EngineError
 
 

@@ -44,6 +44,7 @@ from llmd.backends.base import (
     TokenEvent,
     Usage,
 )
+from llmd.backends.crash_switch import CRASH_ENV
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.chunks import ChunkGrid
 from llmd.backends.llamacpp.context import (
@@ -68,7 +69,6 @@ from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
 from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
-from llmd.backends.repack import CRASH_ENV
 from llmd.chat.fim import Cut, FimTokens, healed_fim_tokens, middle_start
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
