@@ -157,7 +157,7 @@ class Settings:
     preload: bool = True
     allowed_origins: str = ""
     keep_alive: str = "5m"
-    max_loaded: int = 1
+    max_loaded: int = 0  # 0: by memory
     standby: bool = True
     profile: bool = False
     response_cache: bool = True
@@ -221,7 +221,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("preload", "load the default model when the daemon starts"),
     Setting("allowed_origins", "comma-separated browser origins allowed besides loopback ones"),
     Setting("keep_alive", "unload a model idle this long (Ollama style: 30s, 5m, 1h, -1 = never)"),
-    Setting("max_loaded", "models kept loaded at once; the least recently used idle one goes first"),
+    Setting("max_loaded", "models kept loaded at once: 0 (the default) keeps every model used while memory allows "
+            "(a load that needs room unloads the least recently used idle model first); N caps the count"),
     Setting("response_cache", "answer repeated deterministic requests from the SQLite response cache"),
     Setting("response_cache_ttl", "seconds a cached response stays valid"),
     Setting("response_cache_mb", "size bound of the response cache, MiB (least recently used go first)"),
@@ -292,7 +293,9 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
         raise ValueError(f"LLMD_REPACK={settings.repack!r}: use auto, on or off")
     if settings.flash_attn not in ("auto", "on", "off"):
         raise ValueError(f"LLMD_FLASH_ATTN={settings.flash_attn!r}: use auto, on or off")
-    for name in ("port", "slots", "chunk", "max_queue", "max_body", "max_loaded", "prefill_budget",
+    if settings.max_loaded < 0:
+        raise ValueError(f"setting max_loaded must be 0 (by memory) or a count, got {settings.max_loaded}")
+    for name in ("port", "slots", "chunk", "max_queue", "max_body", "prefill_budget",
                  "load_timeout_s", "max_queue_model"):
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name} must be positive, got {getattr(settings, name)}")

@@ -261,6 +261,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         rp = m.get("repack") or {}
         console.print(f"{m['name']}: {m.get('policy', '?')} batching policy; weight repacking "
                       f"{'on' if rp.get('repack') else 'off'} ({rp.get('reason', '?')})")
+    apps = status.get("apps") or []
+    if apps:
+        console.print("apps, last 10 minutes: " + "; ".join(
+            f"{a['app']} on {a['model']}: {a['requests']} requests, {a['engine_s']:.1f} s" for a in apps[:8]))
     for name, n in (status.get("dropped_messages") or {}).items():
         console.print(f"{name}: {n} old chat messages left out to fit the context (Ollama's API, as Ollama does)")
     for name, why in (status.get("unavailable") or {}).items():

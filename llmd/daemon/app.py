@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from llmd.backends.select import probe
 from llmd.config import Settings
+from llmd.daemon.apps_seen import AppsSeen
 from llmd.daemon.arrivals import ArrivalMiddleware
 from llmd.daemon.metrics import Metrics
 from llmd.daemon.response_cache import ResponseCache
@@ -74,6 +75,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
                           settings.response_cache_mb * 1024 * 1024)
             if settings.response_cache else None)
         app.state.suggestions = Suggestions()  # the last FIM proposal at each cursor
+        app.state.apps_seen = AppsSeen()  # which apps use which models (status)
         app.state.stored_responses = StoredResponses(settings.paths.responses_api_db,
                                                     settings.responses_store_mb * 2**20)
         sched = scheduler or Scheduler(settings, registry)

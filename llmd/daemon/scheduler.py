@@ -45,6 +45,7 @@ from llmd.models.memory import (
     AUTO_MIN_CTX,
     ContextChoice,
     DoesNotFit,
+    Estimate,
     available_bytes,
     check_fit,
     choose_ctx,
@@ -288,8 +289,7 @@ class Scheduler:
         # the target's attention kernel (its scratch counts); the draft model keeps flash attention
         flash = flash_attention(s.flash_attn, s.exact, gpu_layers) if choice.backend == "llama.cpp" else True
         try:
-            estimate = (await asyncio.to_thread(check_fit, name, info, ctx.n_ctx, s.slots, None, draft_info, flash)
-                        if info is not None else None)
+            estimate = (await self._fit(name, info, ctx.n_ctx, draft_info, flash) if info is not None else None)
         except DoesNotFit:
             if not draft_why.startswith(AUTOMATIC) or info is None:
                 raise
@@ -298,7 +298,7 @@ class Scheduler:
             draft_why = f"{draft['name']} (paired automatically) was left out: it and {name} do not fit in memory together"
             draft, draft_info = None, None
             ctx = self._context(name, info, None)
-            estimate = await asyncio.to_thread(check_fit, name, info, ctx.n_ctx, s.slots, None, None, flash)
+            estimate = await self._fit(name, info, ctx.n_ctx, None, flash)
         model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
         cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=ctx.n_ctx, n_slots=s.slots,
                            chunk=s.chunk, threads=fixed_threads(s.threads), gpu_layers=gpu_layers, model_digest=row["digest"],
@@ -343,6 +343,28 @@ class Scheduler:
         self._ensure_reaper()
         self.touch()
         return worker
+
+    async def _fit(self, name: str, info: GGUFInfo, n_ctx: int, draft: GGUFInfo | None, flash: bool) -> Estimate:
+        """check_fit against the memory available now; while it does not fit, the least recently used
+        idle model is unloaded to make room (models stay resident by memory, not by count)."""
+        while True:
+            try:
+                return await asyncio.to_thread(check_fit, name, info, n_ctx, self.settings.slots, None, draft, flash)
+            except DoesNotFit:
+                if not await self._make_room(name):
+                    raise
+
+    async def _make_room(self, keep: str) -> bool:
+        """Unload the least recently used local model with no open requests, one kept forever
+        (keep_alive -1) only after every other, and wait until its memory is back; False when there
+        is none. As Ollama does: a pin keeps a model loaded while idle, never another app from loading."""
+        idle = sorted((n for n, w in self.workers.items() if n != keep and not w.remote and not self.models[n].users),
+                      key=lambda n: (self.models[n].keep_alive is None, self.models[n].last_used))
+        if not idle:
+            return False
+        log.info("unloading %s to make room for %s (least recently used idle model)", idle[0], keep)
+        await self._stop(idle[0])
+        return True
 
     def _context(self, name: str, info: GGUFInfo | None, draft: GGUFInfo | None) -> ContextChoice:
         """The context per slot of a load: LLMD_CTX, or the automatic choice, or a larger one a
@@ -504,7 +526,7 @@ class Scheduler:
         workers = self.workers
         local = [n for n, w in workers.items() if not w.remote]  # remote ones hold no memory
         extra = sorted((n for n in local if n != keep), key=lambda n: self.models[n].last_used)
-        over = len(local) - self.max_loaded
+        over = len(local) - self.max_loaded if self.max_loaded else 0  # 0: by memory (_make_room)
         for name in extra:
             if over > 0:
                 self.models[name].retiring = True
@@ -515,13 +537,14 @@ class Scheduler:
             elif m.retiring and not m.users:
                 self._stop(name)
 
-    def _stop(self, name: str) -> None:
+    def _stop(self, name: str) -> asyncio.Future[None]:
+        """Unload `name`: its worker shuts down in a thread; the future is done when it has exited."""
         m = self.models[name]
         worker, m.worker, m.retiring, m.keep_alive = m.worker, None, False, self.keep_alive
         assert worker is not None
         log.info("unloading %s (worker pid %s)", name, worker.pid)
         self.touch()
-        asyncio.get_running_loop().run_in_executor(None, worker.shutdown)
+        return asyncio.get_running_loop().run_in_executor(None, worker.shutdown)
 
     def unload(self, name: str) -> bool:
         """Unload now, or as soon as its open requests finish. False if it was not loaded."""

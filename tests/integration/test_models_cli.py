@@ -220,12 +220,25 @@ def test_switch_under_load_finishes_the_old_stream(two: Daemon):
         fut.result()
     assert final["completion_tokens"] == 150, final  # the old stream ran to its end
     assert len("".join(pieces)) > 100
-    deadline = time.monotonic() + 10
-    while loaded(two) != [GEMMA] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert loaded(two) == [GEMMA]
+    # both stay loaded while memory allows: switching back reloads nothing
+    pid = {m["name"]: m["pid"] for m in httpx.get(two.url + "/llmd/status").json()["loaded"]}
+    assert sorted(loaded(two)) == sorted([SMOL, GEMMA])
     assert llmd(two, "use", SMOL).returncode == 0
-    assert loaded(two) == [SMOL] or SMOL in loaded(two)
+    again = {m["name"]: m["pid"] for m in httpx.get(two.url + "/llmd/status").json()["loaded"]}
+    assert again == pid, (pid, again)
+
+
+def test_a_count_cap_still_unloads_the_least_recently_used(tmp_path: Path):
+    """LLMD_MAX_LOADED=1, as before memory decided: a switch unloads the other model."""
+    d = Daemon(tmp_path / "one", env={"LLMD_MAX_LOADED": "1", "LLMD_SLOTS": "1", "LLMD_CTX": "1024"}).start()
+    try:
+        assert llmd(d, "use", GEMMA).returncode == 0
+        deadline = time.monotonic() + 10
+        while loaded(d) != [GEMMA] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert loaded(d) == [GEMMA]
+    finally:
+        d.stop()
 
 
 def test_memory_estimate_matches_the_workers_rss(two: Daemon):

@@ -190,3 +190,23 @@ def test_requests_running_counts_a_stream_in_flight(obs: Daemon):
             pass
     assert running == 1
     assert total(scrape(obs), "llmd_requests_running") == 0
+
+
+def test_each_request_is_attributed_to_the_app_that_sent_it(obs: Daemon):
+    """Two apps (their User-Agents, and one configured with an API key of its own) on one model:
+    /llmd/status names each with its requests and engine time; the key itself is never shown."""
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": "Say one word."}], "max_tokens": 3, "temperature": 0}
+    sent = [({"User-Agent": "Continue/1.2.3 (vscode)"}, 2), ({"User-Agent": "open-webui/0.6"}, 1),
+            ({"User-Agent": "aider/0.80", "Authorization": "Bearer sk-my-own-key"}, 1)]
+    for headers, n in sent:
+        for i in range(n):
+            r = httpx.post(obs.url + "/v1/chat/completions", headers={**headers, "Cache-Control": "no-store"},
+                           json={**body, "seed": i}, timeout=120)
+            assert r.status_code == 200, r.text
+    apps = {a["app"]: a for a in httpx.get(obs.url + "/llmd/status").json()["apps"]}
+    assert apps["Continue"]["requests"] >= 2 and apps["open-webui"]["requests"] >= 1, apps
+    keyed = [a for name, a in apps.items() if name.startswith("key:")]
+    assert keyed and "sk-my-own-key" not in json.dumps(apps), apps
+    assert all(a["engine_s"] > 0 and a["model"] for a in (apps["Continue"], apps["open-webui"]))

@@ -23,6 +23,7 @@ from llmd.backends.repack import llama_cpp_version
 from llmd.chat.fim import spellings_in_vocab
 from llmd.chat.formats import STRUCTURED, ChatFormat, detect
 from llmd.chat.schema import MAX_BOUND, loosen
+from llmd.daemon.apps_seen import app_name
 from llmd.daemon.arrivals import admission_of
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.daemon.scheduler import Admission
@@ -242,8 +243,13 @@ class Run:
                 end = time.perf_counter()
                 ttft = self.t_first - self.t_start if self.t_first is not None else None
                 u = self.final.usage if self.final else None
+                app = (app_name(self.request.headers, self.request.app.state.token)
+                       if self.request is not None else "(llmd)")
+                if self.request is not None:
+                    self.request.app.state.apps_seen.record(app, self.model, end - self.t_start,
+                                                            (u.prompt_tokens + u.completion_tokens) if u else 0)
                 _log.info("request", extra={
-                    "request_id": self.req.id, "model": self.model, "api": self.api, "outcome": outcome,
+                    "request_id": self.req.id, "model": self.model, "api": self.api, "outcome": outcome, "app": app,
                     "cache": self.cache, "ttft_s": ttft, "duration_s": end - self.t_start,
                     "finish_reason": self.final.finish_reason if self.final else None,
                     "prompt_tokens": u.prompt_tokens if u else None, "cached_tokens": u.cached_tokens if u else None,

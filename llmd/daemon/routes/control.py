@@ -95,6 +95,7 @@ async def status(request: Request) -> Response:
         "dropped_messages": dict(app.state.metrics.dropped_by_model),  # by model, to fit (Ollama's API)
         "fim_proposals": dict(app.state.suggestions.stats),  # editors' completions (daemon.suggestions)
         "fim_reply_within_s": app.state.suggestions.reply_times(),  # by model: answered with what it has by then
+        "apps": app.state.apps_seen.summary(),  # who used which model, the last 10 minutes (daemon.apps_seen)
         **await app.state.scheduler.status(),
     }
     return JSONResponse(body)
