@@ -183,11 +183,8 @@ def test_on_demand_load_is_shared_and_bounded(two: Daemon):
         rs = list(pool.map(lambda _: httpx.post(two.url + "/v1/chat/completions", json=body, timeout=120), range(4)))
     assert all(r.status_code == 200 for r in rs), [r.text for r in rs]
     assert all(r.json()["model"] == GEMMA for r in rs)
-    # loaded once (one worker for all four), and at most one model kept on this CPU machine
-    deadline = time.monotonic() + 10
-    while loaded(two) != [GEMMA] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert loaded(two) == [GEMMA]
+    # loaded once (one worker for all four), beside the model already loaded (memory allows both)
+    assert sorted(loaded(two)) == sorted([SMOL, GEMMA])
     log = (two.home / "daemon.out").read_text()
     assert log.count(f"loaded {GEMMA} in worker") == 1
 
