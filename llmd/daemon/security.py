@@ -8,6 +8,7 @@ unless the user allowed them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -186,7 +187,7 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def authorize(request: Any, token: str, *, reads_local_files: bool = False) -> None:
+async def authorize(request: Any, token: str, *, reads_local_files: bool = False) -> None:
     """The one rule for routes that change the daemon or its models (llmd's control routes, and
     Ollama's pull, delete and copy): the bearer token, or a connection from a process of the user
     llmd runs as, identified exactly (llmd.daemon.peer: the client's own socket, ESTABLISHED, never
@@ -201,7 +202,9 @@ def authorize(request: Any, token: str, *, reads_local_files: bool = False) -> N
     if "origin" not in request.headers and not reads_local_files:
         server = request.scope.get("server")
         client = request.client and (request.client.host, request.client.port)
-        if same_user(client, tuple(server) if server else None):
+        # the socket tables are read in a thread: with tens of thousands of sockets open, a flood of
+        # refused requests must not hold the event loop
+        if await asyncio.to_thread(same_user, client, tuple(server) if server else None):
             return
     why = ("this request makes llmd read a file or an environment variable of this machine, so it always needs "
            "the daemon's token" if reads_local_files else "this route changes the daemon and needs its token")

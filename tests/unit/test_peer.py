@@ -77,6 +77,8 @@ def test_same_user_is_never_root(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_authorize_takes_the_token_or_the_same_user_and_ignores_other_keys(monkeypatch: pytest.MonkeyPatch):
+    import asyncio
+
     from starlette.requests import Request
 
     from llmd.daemon import security
@@ -88,13 +90,13 @@ def test_authorize_takes_the_token_or_the_same_user_and_ignores_other_keys(monke
 
     token = "t" * 43
     monkeypatch.setattr(security, "same_user", lambda client, server: (client, server) == (CLIENT_ADDR, SERVER_ADDR))
-    security.authorize(request({}), token)
-    security.authorize(request({"Authorization": "Bearer some-ollama-key"}), token)  # another key: still this user
-    security.authorize(request({"Authorization": f"Bearer {token}"}), token, reads_local_files=True)
+    asyncio.run(security.authorize(request({}), token))
+    asyncio.run(security.authorize(request({"Authorization": "Bearer some-ollama-key"}), token))  # another key: still this user
+    asyncio.run(security.authorize(request({"Authorization": f"Bearer {token}"}), token, reads_local_files=True))
     with pytest.raises(Unauthorized, match="file or an environment variable"):
-        security.authorize(request({}), token, reads_local_files=True)
+        asyncio.run(security.authorize(request({}), token, reads_local_files=True))
     with pytest.raises(Unauthorized, match="token"):
-        security.authorize(request({"Origin": "http://127.0.0.1:8080"}), token)
+        asyncio.run(security.authorize(request({"Origin": "http://127.0.0.1:8080"}), token))
     monkeypatch.setattr(security, "same_user", lambda client, server: False)
     with pytest.raises(Unauthorized):
-        security.authorize(request({"Authorization": "Bearer some-ollama-key"}), token)
+        asyncio.run(security.authorize(request({"Authorization": "Bearer some-ollama-key"}), token))

@@ -67,8 +67,8 @@ class AddRemoteBody(BaseModel):
     insecure: bool = False
 
 
-def _authorize(request: Request) -> None:
-    authorize(request, request.app.state.token)
+async def _authorize(request: Request) -> None:
+    await authorize(request, request.app.state.token)
 
 
 async def health(request: Request) -> Response:
@@ -127,7 +127,7 @@ async def show_model(request: Request) -> Response:
 
 
 async def add_model(request: Request) -> Response:
-    authorize(request, request.app.state.token, reads_local_files=True)  # a path on this machine
+    await authorize(request, request.app.state.token, reads_local_files=True)  # a path on this machine
     body = await parse_body(request, AddModelBody)
     # hashing a multi-GB file takes seconds: off the event loop, so every other route keeps answering
     row = await asyncio.to_thread(request.app.state.registry.add, Path(body.path), body.name)
@@ -140,7 +140,7 @@ async def add_remote_model(request: Request) -> Response:
 
     body = await parse_body(request, AddRemoteBody)
     # an API key read from a file or a variable here is sent to the URLs given: the token, always
-    authorize(request, request.app.state.token, reads_local_files=bool(body.api_key_env or body.api_key_file))
+    await authorize(request, request.app.state.token, reads_local_files=bool(body.api_key_env or body.api_key_file))
     registry = request.app.state.registry
     registry.check_free(body.name)
     spec = await asyncio.to_thread(build, body.urls, body.upstream_model, body.api_key_env, body.api_key_file,
@@ -150,7 +150,7 @@ async def add_remote_model(request: Request) -> Response:
 
 
 async def remove_model(request: Request) -> Response:
-    _authorize(request)
+    await _authorize(request)
     name = request.path_params["name"]
     registry = request.app.state.registry
     registry.get(name)
@@ -160,14 +160,14 @@ async def remove_model(request: Request) -> Response:
 
 
 async def load_model(request: Request) -> Response:
-    _authorize(request)
+    await _authorize(request)
     body = await parse_body(request, ModelRefBody)
     worker, load_s = await request.app.state.scheduler.worker_for(body.model, explicit=True)
     return JSONResponse({"model": body.model, "pid": worker.pid, "load_s": round(load_s, 3)})
 
 
 async def unload_model(request: Request) -> Response:
-    _authorize(request)
+    await _authorize(request)
     body = await parse_body(request, ModelRefBody)
     request.app.state.registry.get(body.model)
     was_loaded = request.app.state.scheduler.unload(body.model)
@@ -175,7 +175,7 @@ async def unload_model(request: Request) -> Response:
 
 
 async def set_active(request: Request) -> Response:
-    _authorize(request)
+    await _authorize(request)
     body = await parse_body(request, ModelRefBody)
     t0 = time.perf_counter()
     worker = await request.app.state.scheduler.set_active(body.model)
@@ -186,7 +186,7 @@ async def set_active(request: Request) -> Response:
 async def pair_model(request: Request) -> Response:
     """Pair (or unpair) a draft model. A loaded target is unloaded, so that its next load, on the
     next request, brings the draft in; streams in flight finish first."""
-    _authorize(request)
+    await _authorize(request)
     body = await parse_body(request, PairBody)
     registry = request.app.state.registry
     if body.auto and body.draft is not None:
@@ -202,7 +202,7 @@ async def pair_model(request: Request) -> Response:
 
 async def set_speculation(request: Request) -> Response:
     """The speculation mode for requests that name none (the tray's Speculation menu)."""
-    _authorize(request)
+    await _authorize(request)
     body = await parse_body(request, SpeculationBody)
     scheduler = request.app.state.scheduler
     scheduler.speculation = body.mode
@@ -227,7 +227,7 @@ async def cache_stats(request: Request) -> Response:
 
 
 async def cache_clear(request: Request) -> Response:
-    _authorize(request)
+    await _authorize(request)
     body = await parse_body(request, ClearCacheBody) if await request.body() else ClearCacheBody()
     rc = request.app.state.response_cache
     out: dict[str, Any] = {}

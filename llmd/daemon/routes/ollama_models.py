@@ -65,7 +65,7 @@ async def pull_model(request: Request) -> Response:
         # registered already: nothing changes, so no token is asked for (Codex's --oss pulls the
         # model it runs at every start, which a daemon running as root would otherwise refuse)
         return _already(body.stream)
-    authorize(request, request.app.state.token)
+    await authorize(request, request.app.state.token)
     if not is_hub_ref(name):
         raise BadRequest(f"llmd pulls GGUF models from the Hugging Face Hub; {name!r} is not registered and not a "
                          "Hub reference: pull hf.co/USER/REPO[:QUANT] (e.g. hf.co/bartowski/Qwen2.5-0.5B-Instruct-GGUF"
@@ -133,7 +133,7 @@ def _already(stream: bool) -> Response:
 
 async def delete_model(request: Request) -> Response:
     """Remove a model (its file only when llmd downloaded or made it)."""
-    authorize(request, request.app.state.token)
+    await authorize(request, request.app.state.token)
     body = await parse_body(request, DeleteBody)
     registry = request.app.state.registry
     row = registry.get(_model_of(body))
@@ -144,7 +144,7 @@ async def delete_model(request: Request) -> Response:
 
 async def copy_model(request: Request) -> Response:
     """Register a model under a second name (the same file: nothing is copied)."""
-    authorize(request, request.app.state.token)
+    await authorize(request, request.app.state.token)
     body = await parse_body(request, CopyBody)
     request.app.state.registry.copy(body.source, body.destination)
     return Response(status_code=200)
