@@ -208,10 +208,10 @@ SETTINGS: tuple[Setting, ...] = (
             "when a quarter of the free memory cannot hold it for every slot) or a number"),
     Setting("slots", "concurrent sequences in one context (requests decoded together)"),
     Setting("threads", "CPU threads for llama.cpp: auto (up to the physical cores, fewer while other "
-            "programs keep cores busy; README: A busy machine) or a fixed number"),
+            "programs keep cores busy; docs/HOW_IT_WORKS.md: A busy machine) or a fixed number"),
     Setting("chunk", "prefix-cache block, and the exact policy's prefill chunk, in tokens"),
     Setting("exact", "the exact batching policy: the same greedy output whatever is cached or running, "
-            "at a latency cost (README: Two batching policies); default: the fast policy"),
+            "at a latency cost (docs/USAGE.md: Two batching policies); default: the fast policy"),
     Setting("prefill_budget", "prompt tokens prefilled per step while other streams decode (fast policy; "
             "with nothing else running a prompt goes in batches of 512)"),
     Setting("max_queue", "requests waiting for a slot before the API answers 503"),
@@ -233,7 +233,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("prefix_min_tokens", "save a prompt's KV to disk when it has at least this many tokens"),
     Setting("profile", "record per-step engine timing, shown by /llmd/status and `llmd status --verbose`"),
     Setting("speculation", "default speculation for requests that name none: auto (cost-aware), "
-            "ngram, draft or off (bit-exact; see README, Reproducible output)"),
+            "ngram, draft or off (bit-exact; docs/HOW_IT_WORKS.md)"),
     Setting("draft", "draft models as TARGET=DRAFT pairs, comma-separated (like `llmd models pair`)"),
     Setting("auto_draft", "pair a registered model that shares a target's vocabulary at half its size or "
             "less as its draft model, when none is paired (`llmd models pair T --none` refuses one)"),
