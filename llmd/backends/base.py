@@ -79,6 +79,8 @@ class GenerationRequest:
     # Ollama's API: a chat that does not fit the context loses its oldest messages (system messages and
     # the newest kept), as Ollama does, instead of a 400; the first event says how many were left out
     drop_old_messages: bool = False
+    # llmd.priority's class: which requests the engine serves first (how it is scheduled, not its reply)
+    priority: str = "interactive"
 
 
 def reply_fields(req: GenerationRequest) -> dict[str, Any]:

@@ -5,7 +5,7 @@ An app is named from what a local server can see: the API key it was configured 
 not llmd's own token (apps are told to send any token), else its Origin (a browser page), else the
 first product of its User-Agent ("Continue/1.2 (…)" is "Continue"). Requests are kept for WINDOW_S;
 the summary is per app and model: requests, seconds of engine time (from arrival to the last
-token) and tokens, over that window.
+token), tokens and the requests of each priority class (llmd.priority), over that window.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class _Done:
     model: str
     engine_s: float
     tokens: int
+    priority: str
 
 
 def app_name(headers: Any, token: str | None = None) -> str:
@@ -48,8 +49,10 @@ class AppsSeen:
         self.window_s = window_s
         self._done: collections.deque[_Done] = collections.deque(maxlen=MAX_KEPT)
 
-    def record(self, app: str, model: str, engine_s: float, tokens: int, now: float | None = None) -> None:
-        self._done.append(_Done(time.monotonic() if now is None else now, app, model, max(0.0, engine_s), tokens))
+    def record(self, app: str, model: str, engine_s: float, tokens: int, now: float | None = None,
+               priority: str = "interactive") -> None:
+        self._done.append(_Done(time.monotonic() if now is None else now, app, model, max(0.0, engine_s), tokens,
+                                priority))
 
     def summary(self, now: float | None = None) -> list[dict[str, Any]]:
         """Per app and model over the window, the most engine time first."""
@@ -59,8 +62,9 @@ class AppsSeen:
         by: dict[tuple[str, str], dict[str, Any]] = {}
         for d in self._done:
             row = by.setdefault((d.app, d.model), {"app": d.app, "model": d.model, "requests": 0, "engine_s": 0.0,
-                                                   "tokens": 0})
+                                                   "tokens": 0, "priority": {}})
             row["requests"] += 1
+            row["priority"][d.priority] = row["priority"].get(d.priority, 0) + 1
             row["engine_s"] += d.engine_s
             row["tokens"] += d.tokens
         rows = sorted(by.values(), key=lambda r: -r["engine_s"])

@@ -75,6 +75,7 @@ from llmd.chat.template import ChatTemplate
 from llmd.chat.tools import prepare_tools
 from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
 from llmd.models.memory import attention_ubatch
+from llmd.priority import rank as priority_rank
 
 log = logging.getLogger("llmd.engine")
 # a run of at least this many tokens that a slot holds at other positions is moved rather than
@@ -380,10 +381,11 @@ class LlamaCppEngine:
         if was_idle and any(s.active for s in self.slots):
             self._join_until = t0 + JOIN_S
         self.yielded = False
-        # an editor's completion first (it is worth something only before the next keystroke), then
-        # oldest first
+        # by priority (llmd.priority), an editor's completion first among equals (it is worth
+        # something only before the next keystroke), then oldest first
         prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling),
-                            key=lambda s: (s.active.req.fim is None, s.active.t_received))  # type: ignore[union-attr]
+                            key=lambda s: (priority_rank(s.active.req.priority, t0 - s.active.t_received),  # type: ignore[union-attr]
+                                           s.active.req.fim is None, s.active.t_received))  # type: ignore[union-attr]
         decoding = [s for s in self.slots if s.active and not s.active.prefilling]
         if self.exact:
             if prefilling:  # one aligned chunk, alone in its decode, so its KV is batch-independent
@@ -431,8 +433,12 @@ class LlamaCppEngine:
                 self._finish(slot, "cancelled", events, flush=False)
 
     def _next_waiting(self) -> tuple[GenerationRequest, float]:
-        """The oldest waiting editor completion (FIM) if any, else the oldest request."""
-        i = next((i for i, (req, _) in enumerate(self.waiting) if req.fim is not None), 0)
+        """The waiting request of the highest priority (llmd.priority: its class, raised as it
+        waits), an editor's completion (FIM) first among equals, then the oldest."""
+        now = time.perf_counter()
+        i = min(range(len(self.waiting)), key=lambda i: (
+            priority_rank(self.waiting[i][0].priority, now - self.waiting[i][1]), self.waiting[i][0].fim is None,
+            self.waiting[i][1]))
         item = self.waiting[i]
         del self.waiting[i]
         return item

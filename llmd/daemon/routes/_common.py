@@ -30,6 +30,7 @@ from llmd.daemon.scheduler import Admission
 from llmd.daemon.suggestions import Proposal
 from llmd.errors import BadRequest, ClientGone, LlmdError
 from llmd.models.hub import is_hub_ref
+from llmd.priority import classify
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -186,6 +187,7 @@ class Run:
     proposal: Proposal | None = None  # a FIM completion: kept for the next keystroke (daemon.suggestions)
     reply_len: int | None = None  # pieces of `text` that are the reply, when the engine decoded on past it
     end: FinalEvent | None = None  # the engine's own end (`final` is the reply's, which may come before)
+    priority_reason: str = ""  # why the request got its class (llmd.priority)
 
     def __aiter__(self) -> AsyncIterator[Event | KeepAlive]:
         return self._iter()
@@ -247,9 +249,11 @@ class Run:
                        if self.request is not None else "(llmd)")
                 if self.request is not None:
                     self.request.app.state.apps_seen.record(app, self.model, end - self.t_start,
-                                                            (u.prompt_tokens + u.completion_tokens) if u else 0)
+                                                            (u.prompt_tokens + u.completion_tokens) if u else 0,
+                                                            priority=self.req.priority)
                 _log.info("request", extra={
                     "request_id": self.req.id, "model": self.model, "api": self.api, "outcome": outcome, "app": app,
+                    "priority": self.req.priority, "priority_reason": self.priority_reason,
                     "cache": self.cache, "ttft_s": ttft, "duration_s": end - self.t_start,
                     "finish_reason": self.final.finish_reason if self.final else None,
                     "prompt_tokens": u.prompt_tokens if u else None, "cached_tokens": u.cached_tokens if u else None,
@@ -392,6 +396,8 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
     """The request submitted and its first event awaited (errors raised as 4xx/5xx); for a `stream`,
     awaited at most `first_wait`, after which the Run yields keep-alives until it comes."""
     _note_loosened(request, req)
+    cls, why = classify(request.headers, req, stream)
+    req = replace(req, priority=cls)
     try:
         run = await _start(request, model, req, first_wait if stream else None)
     except LlmdError as e:
@@ -403,6 +409,7 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
                                 api, outcome).inc()
         raise
     run.api = api
+    run.priority_reason = why
     run.metrics = request.app.state.metrics
     if run.dropped:  # never silent: a header, this line, and a counter in status and metrics
         _log.warning("request %s: left out the %d oldest messages of %d so the chat fits %s's context "

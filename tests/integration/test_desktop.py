@@ -1,0 +1,62 @@
+"""Several apps on one daemon (issue 48): each request gets a priority class and the reason, the
+engine serves a higher class first, and status says which app used which model at which class."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import Daemon
+
+pytestmark = pytest.mark.integration
+
+TOOL = {"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+                                          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("desktop") / "home", env={"LLMD_SLOTS": "1", "LLMD_RESPONSE_CACHE": "0"}).start()
+    yield d
+    d.stop()
+
+
+def _post(d: Daemon, body: dict, headers: dict[str, str]) -> float:
+    r = httpx.post(d.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
+    assert r.status_code == 200, r.text
+    return time.monotonic()
+
+
+def test_a_waiting_interactive_request_goes_before_an_agents_turn_that_came_first(one_slot: Daemon):
+    """One slot, busy with a long reply; an agent's turn (tools offered) arrives, then a person's
+    chat question: when the slot frees, the chat goes first."""
+    busy = {"messages": [{"role": "user", "content": "Write a long story about a lighthouse."}], "max_tokens": 120,
+            "temperature": 0}
+    agent = {"messages": [{"role": "user", "content": "Read setup.py and tell me what it installs."}],
+             "tools": [TOOL], "max_tokens": 30, "temperature": 0}
+    chat = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
+    with cf.ThreadPoolExecutor(3) as pool:
+        first = pool.submit(_post, one_slot, busy, {"User-Agent": "open-webui/0.6"})
+        time.sleep(1.0)
+        agent_done = pool.submit(_post, one_slot, agent, {"User-Agent": "claude-cli/2.1"})
+        time.sleep(0.5)
+        chat_done = pool.submit(_post, one_slot, chat, {"User-Agent": "Continue/1.2"})
+        first.result()
+        assert chat_done.result() < agent_done.result(), "the agent's turn ran before the person's question"
+    apps = {a["app"]: a for a in httpx.get(one_slot.url + "/llmd/status").json()["apps"]}
+    assert apps["claude-cli"]["priority"] == {"agent": 1}, apps
+    assert apps["Continue"]["priority"] == {"interactive": 1}, apps
+
+
+def test_a_client_sets_its_class_and_a_wrong_one_is_400(one_slot: Daemon):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    r = httpx.post(one_slot.url + "/v1/chat/completions", json=body, timeout=120,
+                   headers={"X-LLMD-Priority": "background", "User-Agent": "indexer/1"})
+    assert r.status_code == 200, r.text
+    bad = httpx.post(one_slot.url + "/v1/chat/completions", json=body, timeout=60, headers={"X-LLMD-Priority": "now"})
+    assert bad.status_code == 400 and "interactive, agent, background" in bad.json()["error"]["message"]
+    apps = {a["app"]: a for a in httpx.get(one_slot.url + "/llmd/status").json()["apps"]}
+    assert apps["indexer"]["priority"] == {"background": 1}, apps
