@@ -33,18 +33,21 @@ def _post(d: Daemon, body: dict, headers: dict[str, str]) -> float:
 def test_a_waiting_interactive_request_goes_before_an_agents_turn_that_came_first(one_slot: Daemon):
     """One slot, busy with a long reply; an agent's turn (tools offered) arrives, then a person's
     chat question: when the slot frees, the chat goes first."""
-    busy = {"messages": [{"role": "user", "content": "Write a long story about a lighthouse."}], "max_tokens": 120,
-            "temperature": 0}
+    # a reply held to 1,500 characters or more by its schema: the slot stays busy for seconds
+    busy = {"messages": [{"role": "user", "content": "Write a story about a lighthouse."}], "max_tokens": 1200,
+            "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+                "type": "string", "minLength": 1500, "maxLength": 1600}}}}
     agent = {"messages": [{"role": "user", "content": "Read setup.py and tell me what it installs."}],
              "tools": [TOOL], "max_tokens": 30, "temperature": 0}
     chat = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
     with cf.ThreadPoolExecutor(3) as pool:
         first = pool.submit(_post, one_slot, busy, {"User-Agent": "open-webui/0.6"})
-        time.sleep(1.0)
-        agent_done = pool.submit(_post, one_slot, agent, {"User-Agent": "claude-cli/2.1"})
         time.sleep(0.5)
+        agent_done = pool.submit(_post, one_slot, agent, {"User-Agent": "claude-cli/2.1"})
+        time.sleep(0.3)
         chat_done = pool.submit(_post, one_slot, chat, {"User-Agent": "Continue/1.2"})
-        first.result()
+        queued = time.monotonic()
+        assert first.result() > queued + 0.5, "the first reply ended before the others queued: make it longer"
         assert chat_done.result() < agent_done.result(), "the agent's turn ran before the person's question"
     apps = {a["app"]: a for a in httpx.get(one_slot.url + "/llmd/status").json()["apps"]}
     assert apps["claude-cli"]["priority"] == {"agent": 1}, apps
