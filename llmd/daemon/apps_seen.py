@@ -30,6 +30,11 @@ class _Done:
     priority: str
 
 
+def printable(text: str, limit: int) -> str:
+    """`text` as a log line or header may carry it: ASCII from space to tilde, else '?', at most `limit`."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text[:limit])
+
+
 def app_name(headers: Any, token: str | None = None) -> str:
     """The app that sent a request with these headers (see the module's docstring), printable and short."""
     scheme, _, key = headers.get("authorization", "").partition(" ")
@@ -41,7 +46,7 @@ def app_name(headers: Any, token: str | None = None) -> str:
     else:
         agent = headers.get("user-agent", "").strip()
         label = agent.split(" ", 1)[0].split("/", 1)[0] if agent else "(no user-agent)"
-    return "".join(c if " " <= c <= "~" else "?" for c in label)[:60] or "(unnamed)"
+    return printable(label, 60) or "(unnamed)"
 
 
 class AppsSeen:

@@ -23,7 +23,7 @@ from llmd.backends.repack import llama_cpp_version
 from llmd.chat.fim import spellings_in_vocab
 from llmd.chat.formats import STRUCTURED, ChatFormat, detect
 from llmd.chat.schema import MAX_BOUND, loosen
-from llmd.daemon.apps_seen import app_name
+from llmd.daemon.apps_seen import app_name, printable
 from llmd.daemon.arrivals import admission_of
 from llmd.daemon.response_cache import Cached, cache_key, cacheable
 from llmd.daemon.scheduler import Admission
@@ -111,7 +111,7 @@ def _check_extras(request: Request, body: BaseModel) -> None:
     if extra.get("modalities") not in (None, ["text"]):
         raise BadRequest("modalities: llmd answers text only; send [\"text\"] or leave it out", "modalities")
     # named in a header: only printable ASCII goes in one (others become ?), and only a few names
-    unknown = sorted("".join(c if " " <= c <= "~" else "?" for c in n)[:40]
+    unknown = sorted(printable(n, 40)
                      for n in extra if n not in IGNORED and n not in REFUSED)[:16]
     if unknown:
         request.state.ignored = unknown
@@ -130,7 +130,7 @@ def client_of(request: Request) -> str:
     """Which client sent a request, as far as a local server can tell: its User-Agent (an editor's
     extension, a library and its version), bounded; what is learned of one client's behaviour
     (daemon.suggestions) is applied to that client only."""
-    return "".join(c if " " <= c <= "~" else "?" for c in request.headers.get("user-agent", ""))[:120]
+    return printable(request.headers.get("user-agent", ""), 120)
 
 
 def canonical_name(registry: Any, name: str) -> str:
@@ -446,8 +446,8 @@ def _note_loosened(request: Request, req: GenerationRequest) -> None:
     if dropped:
         _log.info("request %s: schema bounds over %d dropped (no bound at all in practice): %s", req.id, MAX_BOUND,
                   ", ".join(dropped))
-        printable = ["".join(c if " " <= c <= "~" else "?" for c in d)[:80] for d in dropped]  # a header's text
-        request.state.ignored = [*getattr(request.state, "ignored", []), *printable][:16]
+        shown = [printable(d, 80) for d in dropped]  # a header's text
+        request.state.ignored = [*getattr(request.state, "ignored", []), *shown][:16]
 
 
 async def _start(request: Request, model: str | None, req: GenerationRequest, wait: float | None) -> Run:
