@@ -172,6 +172,7 @@ class WorkerHandle:
         self._lock = threading.Lock()
         self._loaded: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._asked: dict[type, asyncio.Future[dict[str, Any]]] = {}  # StatsRequest, ClearCaches
+        self._last_stats: tuple[float, dict[str, Any]] | None = None  # (monotonic time, answer)
         self.alive = True
         self.last_heard = time.monotonic()  # any message from the worker (events, heartbeat, stats)
         self._busy_since = time.monotonic()  # when the worker last got a request while it had none open
@@ -251,7 +252,16 @@ class WorkerHandle:
             self._queues.pop(request_id, None)
 
     async def stats(self, timeout: float = 2.0) -> dict[str, Any]:
-        return await self._ask(StatsRequest, timeout)
+        """The engine's figures; when it is too slow to answer (a long step on a busy machine), the
+        last ones it gave, with `stale_s` saying how old they are, rather than nothing."""
+        info = await self._ask(StatsRequest, timeout)
+        if info:
+            self._last_stats = (time.monotonic(), info)
+            return info
+        if self._last_stats is None or not self.alive:
+            return {}
+        at, last = self._last_stats
+        return {**last, "stale_s": round(time.monotonic() - at, 1)}
 
     async def clear_caches(self, timeout: float = 60.0) -> dict[str, Any]:
         """The engine drops its caches (between steps, in the worker); {} if it is gone or too slow."""

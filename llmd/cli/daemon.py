@@ -253,6 +253,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                           "a request's own speculation does not change it on this engine)")
         for note in m.get("notes") or []:
             console.print(f"{m['name']}: {note}")
+        if st.get("stale_s"):
+            console.print(f"{m['name']}: the engine is inside a long step; its figures here are {st['stale_s']} s old")
         th = st.get("threads")
         if th:
             console.print(f"{m['name']}: threads {th['reason']}")

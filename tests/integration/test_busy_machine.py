@@ -43,18 +43,22 @@ def generating(d: Daemon) -> Iterator[None]:
         t.join(60)
 
 
-def threads(d: Daemon) -> dict:
+def threads(d: Daemon) -> dict | None:
+    """The engine's thread figures, or None while it has never answered a status question in time
+    (a step longer than the status wait on a machine this busy; later answers fall back to the last)."""
     loaded = httpx.get(d.url + "/llmd/status", timeout=30).json()["loaded"]
-    return loaded[0]["stats"]["threads"]
+    return loaded[0]["stats"].get("threads")
 
 
 def wait_for(check: Callable[[dict], bool], d: Daemon, seconds: float) -> tuple[bool, list[dict]]:
     seen = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        seen.append(threads(d))
-        if check(seen[-1]):
-            return True, seen
+        t = threads(d)
+        if t is not None:
+            seen.append(t)
+            if check(t):
+                return True, seen
         time.sleep(0.25)
     return False, seen
 

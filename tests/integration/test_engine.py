@@ -225,3 +225,20 @@ def test_a_worker_that_dies_leaves_no_thread_or_pipe_behind():
     h._reader.join(5)
     h._writer.join(5)
     assert not h._writer.is_alive() and not h._reader.is_alive() and h._conn.closed
+
+
+def test_status_keeps_the_engines_last_figures_while_it_is_too_slow_to_answer(http: httpx.Client):
+    """A worker inside a long step answers status questions late; /llmd/status then shows the last
+    figures it gave, saying how old they are, not an empty `stats` (which dropped `threads` from
+    `llmd status` and failed a busy-machine test in CI). A stopped process stands in for the long step."""
+    http.post("/api/generate", json={"model": "smollm2-135m", "prompt": "Hi", "stream": False,
+                                     "options": {"num_predict": 2}})
+    fresh = http.get("/llmd/status").json()["loaded"][0]
+    assert "threads" in fresh["stats"] and "stale_s" not in fresh["stats"], fresh["stats"]
+    os.kill(fresh["pid"], signal.SIGSTOP)
+    try:
+        late = http.get("/llmd/status").json()["loaded"][0]["stats"]
+    finally:
+        os.kill(fresh["pid"], signal.SIGCONT)
+    assert late["stale_s"] >= 1.5 and late["threads"] == fresh["stats"]["threads"], late
+    assert "stale_s" not in http.get("/llmd/status").json()["loaded"][0]["stats"]
