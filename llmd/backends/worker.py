@@ -32,6 +32,8 @@ from llmd.backends.base import (
     Stats,
     StatsRequest,
 )
+from llmd.backends.cpu_board import Claim, CpuBoard
+from llmd.backends.cpu_board import board as cpu_board
 from llmd.errors import EngineCrashed, EngineError, LlmdError, from_wire
 
 log = logging.getLogger("llmd.worker")
@@ -53,11 +55,13 @@ COALESCE_S = 0.03  # the longest a first batch waits for requests that arrived w
 YIELD_WAIT_S = 0.01
 
 
-def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = None) -> None:
+def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = None,
+                board: CpuBoard | None = None, row: int | None = None) -> None:
     """Entry point of the worker process. With cfg None it is a standby: it imports the engine
     (llama_cpp and its shared library) now and waits for the EngineConfig of the next load, so a
     model switch does not pay for interpreter start and imports. `sent` counts the requests the daemon
-    has handed over (shared memory, raised before each is written to the pipe)."""
+    has handed over (shared memory, raised before each is written to the pipe). `board` and `row`:
+    the CPU board this worker shares with the other models' (cpu_board.py)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s worker %(levelname)s %(message)s")
     try:
         cls = engine_class(backend)
@@ -101,10 +105,14 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
 
     if hasattr(engine, "heartbeat"):
         engine.heartbeat = heartbeat
+    turn = BoardTurn(board, row, engine) if board is not None and row is not None else None
     try:
         while True:
             idle = not engine.has_work()
             timeout = None if idle else (YIELD_WAIT_S if getattr(engine, "yielded", False) else 0.0)
+            paused = turn is not None and turn.paused(idle)
+            if paused:
+                timeout = PAUSED_POLL_S
             hold_until = 0.0
             while conn.poll(timeout):
                 msg = conn.recv()
@@ -121,6 +129,8 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                         timeout = max(0.0, hold_until - time.monotonic())
                 elif isinstance(msg, EmbedRequest):
                     # between steps: a batch of embeddings pauses generation for its one decode each
+                    if turn is not None:  # background work: after other models' more urgent work
+                        turn.wait(Claim("background", False, time.perf_counter()), heartbeat)
                     try:
                         conn.send([engine.embed(msg)])
                     except LlmdError as e:
@@ -136,6 +146,11 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                     conn.send(Cleared(engine.clear_caches()))
                 elif isinstance(msg, Shutdown):
                     return
+            if turn is not None:  # again with what just arrived: a newcomer may have to wait, or outrank
+                paused = turn.paused(not engine.has_work())
+            if paused:
+                heartbeat()  # requests open, no step: still answering
+                continue
             events = engine.step()
             if events or (not idle and time.monotonic() - last_sent > HEARTBEAT_S):
                 # an empty list is the heartbeat: busy without events (a long prefill) is not hung
@@ -145,7 +160,59 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return
     finally:
+        if turn is not None:
+            turn.done()
         engine.close()
+
+
+PAUSED_POLL_S = 0.005  # a paused worker looks at the board again this often (and at its pipe)
+
+
+class BoardTurn:
+    """A worker's use of the CPU board: publish what it holds, learn whether to step and on how many
+    threads. Engines without `claim` (TensorRT-LLM: its GPU is not the shared CPU) never pause."""
+
+    def __init__(self, board: CpuBoard, row: int, engine: Any) -> None:
+        self.board, self.row, self.engine = board, row, engine
+        self._claim = getattr(engine, "claim", None)
+        gov = getattr(engine, "governor", None)
+        self.most = gov.most if gov is not None else 1
+        self._mine: Claim | None = None
+        if self._claim is not None:
+            engine.outranked = self.outranked
+
+    def outranked(self) -> bool:
+        """Inside a step: keep this worker's row fresh, and say whether to give the step up."""
+        self.board.publish(self.row, self._mine)
+        return self.board.verdict(self.row, self._mine, self.most).pause
+
+    def paused(self, idle: bool) -> bool:
+        """Publish this worker's claim; True when it should not step now."""
+        if self._claim is None:
+            return False
+        if idle:
+            self.board.clear(self.row)
+            return False
+        mine = self._mine = self._claim()
+        self.board.publish(self.row, mine)
+        v = self.board.verdict(self.row, mine, self.most)
+        self.engine.share = v.share if v.others else None
+        self.engine.share_reason = v.why
+        return v.pause
+
+    def wait(self, mine: Claim, heartbeat: Callable[[], None]) -> None:
+        """Hold `mine` (work done in one call, such as an embedding batch) until it may run."""
+        self.board.publish(self.row, mine)
+        try:
+            while self.board.verdict(self.row, mine, self.most).pause:
+                heartbeat()
+                self.board.publish(self.row, mine)  # keep the row fresh while it waits
+                time.sleep(PAUSED_POLL_S)
+        finally:
+            self.board.clear(self.row)
+
+    def done(self) -> None:
+        self.board.clear(self.row)
 
 
 # A busy worker sends at least this often, events or not. Well under any LLMD_HANG_S a person would
@@ -181,8 +248,10 @@ class WorkerHandle:
         self._conn, child = ctx.Pipe()
         self._sent = ctx.RawValue("Q", 0)  # requests handed to the writer (only submit writes it)
         label = cfg.model_name if cfg else "standby"
-        self.process = ctx.Process(target=worker_main, args=(child, backend, cfg, self._sent), daemon=True,
-                                   name=f"llmd-worker-{label}")
+        self._board = cpu_board()
+        self._row = self._board.take()
+        self.process = ctx.Process(target=worker_main, args=(child, backend, cfg, self._sent, self._board, self._row),
+                                   daemon=True, name=f"llmd-worker-{label}")
         self.process.start()
         child.close()
         self._reader = threading.Thread(target=self._read, name=f"llmd-reader-{label}", daemon=True)
@@ -366,6 +435,9 @@ class WorkerHandle:
         with self._lock:
             self.alive = False
             queues, self._queues = self._queues, {}
+        if self._row is not None:  # a dead worker's claim must pause nobody
+            self._board.give_back(self._row)
+            self._row = None
         if self.cfg is None:  # a standby that never took a model
             if self._on_exit:
                 self._on_exit(self)

@@ -63,3 +63,65 @@ def test_a_client_sets_its_class_and_a_wrong_one_is_400(one_slot: Daemon):
     assert bad.status_code == 400 and "interactive, agent, background" in bad.json()["error"]["message"]
     apps = {a["app"]: a for a in httpx.get(one_slot.url + "/llmd/status").json()["apps"]}
     assert apps["indexer"]["priority"] == {"background": 1}, apps
+
+
+# ---- two models, one CPU (backends/cpu_board.py) ----------------------------------------------
+
+CODER = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    from conftest import start_with_models
+
+    d = start_with_models(tmp_path_factory.mktemp("two") / "home",
+                          {"LLMD_MAX_LOADED": "0", "LLMD_RESPONSE_CACHE": "0"}, (CODER,))
+    yield d
+    d.stop()
+
+
+def _loaded(d: Daemon) -> dict[str, dict]:
+    return {m["name"]: m for m in httpx.get(d.url + "/llmd/status", timeout=30).json()["loaded"]}
+
+
+def _complete(d: Daemon, prefix: str) -> httpx.Response:
+    return httpx.post(d.url + "/infill", timeout=300, json={
+        "model": CODER, "input_prefix": prefix, "input_suffix": "\n", "n_predict": 6, "temperature": 0})
+
+
+def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_on_another(two_models: Daemon):
+    """An agent's ~6,000-token prompt is being read on SmolLM2 when the editor asks the coder model
+    for a completion: the agent's worker gives its prompt step up and waits (the completion is
+    answered before the agent's prompt is read), then goes on; both models stay loaded."""
+    import threading
+    import uuid
+
+    d = two_models
+    assert _complete(d, "def half(x):\n    ").status_code == 200  # both loaded and warm first
+    assert httpx.post(d.url + "/v1/chat/completions", timeout=300, json={
+        "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).status_code == 200
+    words = " ".join(f"file{i}.py" for i in range(900))  # about 6,000 tokens
+    agent: dict[str, float] = {}
+
+    def agents_turn() -> None:
+        r = httpx.post(d.url + "/v1/chat/completions", timeout=600, headers={"User-Agent": "claude-cli/2.1"}, json={
+            "model": "smollm2-135m", "max_tokens": 1, "tools": [TOOL],
+            "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} Which of these should I read? {words}"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > 5000, r.json()["usage"]
+        agent["done"] = time.monotonic()
+
+    t = threading.Thread(target=agents_turn)
+    t.start()
+    deadline = time.monotonic() + 60
+    while _loaded(d)["smollm2-135m"]["open_requests"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # its prompt is being read
+    r = _complete(d, f"# {uuid.uuid4().hex}\ndef double(x: int) -> int:\n    ")
+    answered = time.monotonic()
+    t.join()
+    assert r.status_code == 200 and r.json()["content"], r.text
+    assert answered < agent["done"], (answered, agent["done"])
+    loaded = _loaded(d)
+    assert loaded["smollm2-135m"]["stats"]["preemptions"] >= 1, loaded["smollm2-135m"]["stats"]
+    assert set(loaded) == {"smollm2-135m", CODER}

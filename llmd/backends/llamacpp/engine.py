@@ -44,6 +44,7 @@ from llmd.backends.base import (
     TokenEvent,
     Usage,
 )
+from llmd.backends.cpu_board import Claim
 from llmd.backends.crash_switch import CRASH_ENV
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.chunks import ChunkGrid
@@ -96,6 +97,9 @@ STEP_BACKOFF_MAX_S = 2.0  # the longest pause after engine steps that failed in 
 # after the first request of a burst, a step yields to a newcomer (aborted, its KV removed) and
 # the next one takes them all: a lone request never waits, a burst loses at most this much work.
 JOIN_S = 0.05
+# how often a prompt step reads the CPU board between its graph operations (a read costs tens of
+# microseconds; a step calls back hundreds of times)
+BOARD_CHECK_S = 0.01
 
 
 def _key(path: str) -> bytes:
@@ -170,6 +174,17 @@ class LlamaCppEngine:
         self.governor = ThreadGovernor(threads, fixed="LLMD_THREADS" if cfg.threads else
                                        "the exact policy: results depend on the thread count" if cfg.exact else "")
         self._batch_threads = threads  # the context's n_threads_batch now (_threads_for)
+        self._threads_now = threads  # the contexts' n_threads now (_choose_threads)
+        # set by the worker from the CPU board (backends/cpu_board.py): the threads this model may use
+        # beside other models' work of the same priority, and why
+        self.share: int | None = None
+        self.share_reason = ""
+        # set by the worker: refreshes this engine's row on the board and says whether another model's
+        # work now ranks above all of this one's (a prompt step is then given up between operations)
+        self.outranked: Callable[[], bool] | None = None
+        self._board_checked = 0.0
+        self._preempting = False
+        self.preemptions = 0  # prompt steps given up for another model's more urgent work
 
         self.bos = L.llama_vocab_bos(self.vocab)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -197,7 +212,8 @@ class LlamaCppEngine:
         self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
         self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
         self.heartbeat: Callable[[], None] | None = None  # set by the worker: "still working" for long calls
-        self._abort_cb = L.ggml_abort_callback(lambda _data: bool(self.interrupt and self.interrupt()))
+        self._abort_cb = L.ggml_abort_callback(
+            lambda _data: bool(self.interrupt and self.interrupt()) or self._board_says_yield())
         self._join_until = 0.0  # a step started before this yields to a newcomer (JOIN_S)
         self._joinable = False  # the running step may be given up for a newcomer
         self._step_cb = L.ggml_abort_callback(lambda _data: self._step_watch())
@@ -282,6 +298,16 @@ class LlamaCppEngine:
         return (bool(self.waiting) or bool(self.reading) or any(s.active for s in self.slots)
                 or self._idle_slot() is not None or self._cost_pending())
 
+    def claim(self) -> Claim | None:
+        """The most urgent request this engine holds, for the CPU board (None: only idle work)."""
+        now = time.perf_counter()
+        held = [(a.req, a.t_received) for a in (*(s.active for s in self.slots if s.active), *(a for a, _ in self.reading))]
+        held += list(self.waiting)
+        if not held:
+            return None
+        req, since = min(held, key=lambda h: (priority_rank(h[0].priority, now - h[1]), h[0].fim is None, h[1]))
+        return Claim(req.priority, req.fim is not None, since)
+
     def _cost_pending(self) -> bool:
         return (self.spec.want_cost and not self.spec.cost and not self.waiting and not self.reading
                 and all(s.active is None for s in self.slots))
@@ -309,11 +335,13 @@ class LlamaCppEngine:
             # still to do when idle (snapshots being written included): benchmarks wait for it
             "idle_work": (self._idle_slot() is not None or self._cost_pending()
                           or (self.prefix is not None and self.prefix.writing)),
-            "threads": self.governor.info(),
+            "threads": {**self.governor.info(), **({"threads": self._threads_now, "reason": self.share_reason}
+                                                   if self._threads_now != self.governor.threads else {})},
             "speculation": self.spec.stats(),
             "prefix_cache": self.prefix.info() if self.prefix is not None else {"enabled": False},
             "kv_copies": self.copier.info(),
             "joins": self.joins,
+            "preemptions": self.preemptions,
             "profile": self.profiler.summary(),
         }
 
@@ -407,9 +435,11 @@ class LlamaCppEngine:
     def _choose_threads(self) -> None:
         """Fewer threads while other programs keep cores busy, all of them again when they stop
         (threads.py): llama.cpp takes a new count between decodes."""
-        n = self.governor.check()
-        if n is None:
+        self.governor.check()
+        n = self.governor.threads if self.share is None or self.exact else min(self.share, self.governor.threads)
+        if n == self._threads_now:
             return
+        self._threads_now = n
         L = self._L
         for ctx in (self.ctx, self.spec.draft.ctx if self.spec.draft else None,
                     self.embedder.ctx if self.embedder else None):
@@ -422,9 +452,10 @@ class LlamaCppEngine:
         products meet at few barriers (measured with one or two cores busy elsewhere: as fast as
         or faster than one thread), while decode rows meet at one per operation. llama.cpp runs any
         batch of more than one token with n_threads_batch, so it is set per step."""
-        want = self.governor.most if n_tokens >= PREFILL_THREADS_MIN else self.governor.threads
+        most = self.governor.most if self.share is None or self.exact else min(self.share, self.governor.most)
+        want = most if n_tokens >= PREFILL_THREADS_MIN else self._threads_now
         if want != self._batch_threads:
-            self._L.llama_set_n_threads(self.ctx, self.governor.threads, want)
+            self._L.llama_set_n_threads(self.ctx, self._threads_now, want)
             self._batch_threads = want
 
     def _release_cancelled(self, events: list[Event]) -> None:
@@ -751,6 +782,7 @@ class LlamaCppEngine:
                 self._joinable = joinable
                 self._L.llama_set_abort_callback(self.ctx, self._step_cb, None)
             try:
+                self._preempting = False
                 rc = self._decode()
             finally:
                 if watched:
@@ -759,11 +791,17 @@ class LlamaCppEngine:
                 self.spec.observe(n, time.perf_counter() - t0)
             elif rc == 0 and parts and not decoding:
                 self.copier.observe_prefill(n, time.perf_counter() - t0)
-        if rc == 2 and joinable:  # given up for a request that arrived with these: none of its KV stays
+        if rc == 2 and (joinable or self._preempting):
+            # given up for a request that arrived with these, or for another model's more urgent
+            # work: none of its KV stays
             for slot, _, pos, _ in rows:
                 self._L.llama_memory_seq_rm(self.mem, slot.seq, pos, -1)
-            self.yielded = True
-            self.joins += 1
+            if self._preempting:
+                self.preemptions += 1
+            else:
+                self.yielded = True
+                self.joins += 1
+            self._preempting = False
             return
         if rc != 0:
             for slot in [*decoding, *(p[0] for p in parts)]:
@@ -990,8 +1028,19 @@ class LlamaCppEngine:
         LLMD_HANG_S), and give the step up (True) for a request that arrived with it (JOIN_S)."""
         if self.heartbeat is not None:
             self.heartbeat()
+        if self._board_says_yield():
+            self._preempting = True
+            return True
         return (self._joinable and time.perf_counter() < self._join_until
                 and bool(self.interrupt and self.interrupt()))
+
+    def _board_says_yield(self) -> bool:
+        """Another model's work ranks above all of this engine's (read at most every BOARD_CHECK_S)."""
+        now = time.perf_counter()
+        if self.outranked is None or now - self._board_checked < BOARD_CHECK_S:
+            return False
+        self._board_checked = now
+        return self.outranked()
 
     def _run_abortable(self, slot: Slot, tokens: list[int], start: int) -> bool:
         """Idle work's decode: a command arriving from the daemon aborts it (False), so idle work

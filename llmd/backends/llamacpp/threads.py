@@ -59,10 +59,11 @@ class ThreadGovernor:
         self.reason = (f"fixed at {self.most} ({fixed})" if fixed
                        else f"{self.most} of {self.most}: the machine is quiet")
         self.changes = 0
-        # llmd's own processes: this worker and the daemon that relays its tokens (its short bursts
-        # come with the worker's steps, not against them)
+        # llmd's own processes: this worker, the daemon that relays its tokens (its short bursts
+        # come with the worker's steps, not against them) and the other models' workers, which the
+        # CPU board (backends/cpu_board.py) shares the cores with, rather than this count
         me = psutil.Process()
-        self._procs = [me, *([me.parent()] if me.parent() is not None else [])]
+        self._me, self._daemon = me, me.parent()
         self._last = self._sample() if not self.fixed else None
         self._quiet = 0
         self._logged = 0.0
@@ -129,7 +130,13 @@ class ThreadGovernor:
         t = psutil.cpu_times()
         busy = sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
         own = 0.0
-        for p in self._procs:
+        procs = [self._me]
+        if self._daemon is not None:
+            try:
+                procs += [self._daemon, *(c for c in self._daemon.children() if c.pid != self._me.pid)]
+            except psutil.Error:
+                pass
+        for p in procs:
             try:
                 c = p.cpu_times()
                 own += c.user + c.system

@@ -1,0 +1,88 @@
+"""The CPU board's verdicts (backends/cpu_board.py): who steps, who pauses, how the cores are split."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+from llmd.backends.cpu_board import STALE_S, Claim, CpuBoard
+from llmd.priority import AGING_S
+
+NOW = 1000.0
+
+
+def board_with(*claims: Claim | None) -> tuple[CpuBoard, list[int]]:
+    b = CpuBoard(rows=8)
+    rows = [b.take() for _ in claims]
+    for row, c in zip(rows, claims, strict=True):
+        assert row is not None
+        b.publish(row, c, now=NOW)
+    return b, rows  # type: ignore[return-value]
+
+
+def test_alone_a_worker_runs_on_every_thread():
+    mine = Claim("agent", False, NOW - 1)
+    b, (row,) = board_with(mine)
+    v = b.verdict(row, mine, 2, now=NOW)
+    assert not v.pause and v.share == 2 and v.others == 0
+
+
+def test_an_agents_prompt_pauses_for_an_editors_completion_on_another_model():
+    agent, fim = Claim("agent", False, NOW - 5), Claim("interactive", True, NOW - 0.1)
+    b, (a, f) = board_with(agent, fim)
+    assert b.verdict(a, agent, 2, now=NOW).pause
+    v = b.verdict(f, fim, 2, now=NOW)
+    assert not v.pause and v.share == 2
+
+
+def test_among_equals_an_editors_completion_goes_first_and_level_work_splits_the_cores():
+    chat, fim = Claim("interactive", False, NOW - 5), Claim("interactive", True, NOW)
+    b, (c, f) = board_with(chat, fim)
+    assert b.verdict(c, chat, 2, now=NOW).pause and not b.verdict(f, fim, 2, now=NOW).pause
+    other_chat = Claim("interactive", False, NOW - 1)
+    b, (c1, c2) = board_with(chat, other_chat)
+    v1, v2 = b.verdict(c1, chat, 2, now=NOW), b.verdict(c2, other_chat, 2, now=NOW)
+    assert not v1.pause and not v2.pause and v1.share == v2.share == 1 and "same priority" in v1.why
+
+
+def test_a_waiting_background_request_rises_and_is_not_starved():
+    bg = Claim("background", False, NOW - 2 * AGING_S - 1)  # waited two classes' worth
+    chat = Claim("interactive", False, NOW - 0.5)
+    b, (g, c) = board_with(bg, chat)
+    assert not b.verdict(g, bg, 2, now=NOW).pause
+    young = Claim("background", False, NOW - 1)
+    b, (g, c) = board_with(young, chat)
+    assert b.verdict(g, young, 2, now=NOW).pause
+
+
+def test_idle_work_pauses_while_another_model_has_requests():
+    chat = Claim("background", False, NOW)
+    b, (idle, c) = board_with(None, chat)
+    assert b.verdict(idle, None, 2, now=NOW).pause
+    b.clear(c)
+    assert not b.verdict(idle, None, 2, now=NOW).pause
+
+
+def test_a_stale_or_given_back_row_pauses_nobody():
+    agent, fim = Claim("agent", False, NOW), Claim("interactive", True, NOW)
+    b, (a, f) = board_with(agent, fim)
+    assert not b.verdict(a, agent, 2, now=NOW + STALE_S + 1).pause  # f stopped writing (a stopped process)
+    b.give_back(f)
+    assert not b.verdict(a, agent, 2, now=NOW).pause
+    assert b.take() is not None
+
+
+def _in_worker(board: CpuBoard, row: int) -> None:
+    assert board.take() is None  # the free list stays with the daemon
+    board.publish(row, Claim("agent", True, 5.0))
+
+
+def test_a_worker_process_writes_the_daemons_rows():
+    b = CpuBoard(rows=4)
+    row = b.take()
+    assert row is not None
+    p = mp.get_context("spawn").Process(target=_in_worker, args=(b, row))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert b.claims(time.perf_counter()) == [Claim("agent", True, 5.0)]
