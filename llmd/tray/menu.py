@@ -61,6 +61,10 @@ def build_menu(state: dict[str, Any] | None, autostart: bool, speculation: str =
             Item(f"Tokens/s: {'-' if tps is None else f'{tps:.1f}'}", enabled=False),
             Item(f"Cache hit rate: {'-' if hit is None else f'{hit:.0%}'}", enabled=False),
         ]
+        loaded = state.get("loaded") or []
+        items.append(Item(f"Loaded: {', '.join(loaded) if loaded else 'none'}", enabled=False))
+        for a in state.get("apps") or []:
+            items.append(Item(f"  {a['app']} → {a['model']}: {a['requests']} request(s)", enabled=False))
         models = tuple(Item(name, action=f"use:{name}", radio=True, checked=name == state.get("active_model"))
                        for name in state.get("models", []))
         items.append(Item("Models", submenu=models))

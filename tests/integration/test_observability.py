@@ -117,6 +117,8 @@ def test_dashboard_in_a_real_browser(obs: Daemon):
         for chart in ("ttft", "tps", "cache", "slots"):
             assert int(page.get_attribute(f"#{chart}", "data-points") or 0) > 0, chart
         assert "smollm2-135m" in page.inner_text("#models")
+        page.wait_for_function("document.getElementById('apps').rows.length > 1", timeout=15000)
+        assert "smollm2-135m" in page.inner_text("#apps")  # the app that sent the requests (python-httpx)
         assert "llama.cpp" in page.inner_text("#backend")
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
         browser.close()

@@ -29,6 +29,15 @@ def test_menu_for_a_running_daemon():
     assert [m.checked for m in spec] == [False, False, True, False]  # the daemon's mode, live
     assert texts[-5:] == ["Open dashboard", "Clear caches", "Stop daemon", "Start at login", "Quit tray"]
     assert items[-2].checked is False
+    assert "Loaded: smollm2-135m" in texts
+
+
+def test_menu_shows_what_is_loaded_and_which_apps_use_it():
+    state = {**STATE, "loaded": ["qwen2.5-coder-0.5b", "smollm2-135m"],
+             "apps": [{"app": "Continue", "model": "qwen2.5-coder-0.5b", "requests": 12}]}
+    texts = [i.text for i in build_menu(state, autostart=False)]
+    assert "Loaded: qwen2.5-coder-0.5b, smollm2-135m" in texts
+    assert "  Continue → qwen2.5-coder-0.5b: 12 request(s)" in texts
 
 
 def test_menu_when_stopped_offers_start():

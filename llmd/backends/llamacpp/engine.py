@@ -71,6 +71,7 @@ from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
 from llmd.chat.fim import Cut, FimTokens, healed_fim_tokens, middle_start
+from llmd.chat.fit import fit_by_dropping
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
 from llmd.chat.tools import prepare_tools
@@ -616,58 +617,6 @@ class LlamaCppEngine:
             prompt += self.tokenize(piece, add_special and i == 0, parse_special=not is_content)
         return prompt
 
-    def _fit_by_dropping(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n_ctx: int,
-                         max_tokens: int | None, full: int) -> tuple[int, list[int]]:
-        """As Ollama does for a chat longer than its context: leave out the oldest whole messages,
-        keeping every system message and the newest message, until the prompt (`full` tokens whole)
-        fits with room to answer (max_tokens, at most a quarter of the context; an eighth when unset;
-        less room when that is all there is). The history kept starts at a user message (a template
-        that enforces turns, Gemma's or Mistral's, refuses one that starts with a reply or a tool
-        result, and a tool result without its call answers nothing), and a template that refuses a
-        cut counts as "does not fit yet". The fewest messages are dropped (a binary search over the
-        cuts). ContextOverflow when even the system messages and the newest one do not fit."""
-        room = min(max_tokens or n_ctx // 8, n_ctx // 4)
-        old = [i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"]
-        # where the kept history may start: at a user message, or after all of the old ones
-        cuts = [j for j, i in enumerate(old) if j > 0 and messages[i].get("role") == "user"] + [len(old)]
-
-        def without(j: int) -> list[dict[str, Any]]:
-            gone = set(old[:j])
-            return [m for i, m in enumerate(messages) if i not in gone]
-
-        def fits(j: int) -> list[int] | None:
-            try:
-                prompt = self._chat_prompt(without(j), tools)
-            except BadRequest:  # the template refuses this cut: as if it did not fit
-                return None
-            return prompt if len(prompt) + room <= n_ctx else None
-
-        def overflow(most: int) -> ContextOverflow:
-            return ContextOverflow(
-                f"the prompt is {full} tokens but the context holds {n_ctx}, and with all {len(old)} older "
-                f"messages left out it is still {most or full}: shorten the system or the newest message, "
-                "or raise the context (options.num_ctx, LLMD_CTX)", "messages")
-
-        if not old:
-            raise overflow(0)
-        lo, hi, best = 0, len(cuts) - 1, None
-        while lo <= hi:  # the first cut that fits: fitting grows with the cut
-            mid = (lo + hi) // 2
-            prompt = fits(cuts[mid])
-            if prompt is not None:
-                best, hi = (cuts[mid], prompt), mid - 1
-            else:
-                lo = mid + 1
-        if best is None:
-            try:
-                most = len(self._chat_prompt(without(len(old)), tools))
-            except BadRequest:
-                most = 0
-            if most and most < n_ctx:  # fits without room for the usual reply: answer in what is left
-                return len(old), self._chat_prompt(without(len(old)), tools)
-            raise overflow(most)
-        return best[0], best[1]
-
     def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
         grammar, trigger = grammar_for(req.response_format), ""
         n_ctx = min(self.cfg.n_ctx, req.ctx_limit or self.cfg.n_ctx)
@@ -678,7 +627,7 @@ class LlamaCppEngine:
                 grammar, trigger = grammar_for_tools(constraint), constraint.trigger
             prompt = self._chat_prompt(messages, tools)
             if len(prompt) >= n_ctx and req.drop_old_messages:
-                dropped, prompt = self._fit_by_dropping(messages, tools, n_ctx, req.max_tokens, len(prompt))
+                dropped, prompt = fit_by_dropping(messages, tools, n_ctx, req.max_tokens, len(prompt), self._chat_prompt)
         elif req.fim is not None:
             if self.fim.missing:
                 raise BadRequest(f"{self.cfg.model_name} cannot fill in the middle: its vocabulary has no "

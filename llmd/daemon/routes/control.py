@@ -296,6 +296,9 @@ async def tray_state(request: Request) -> dict[str, Any]:
         "cache_hit_rate": round(rs.get("hits", 0) / lookups, 3) if lookups else None,
         "worker_crashes": scheduler.crashes,
         "version": scheduler.version,
+        # which apps used which model lately, the most engine time first (the tray's Apps lines)
+        "apps": [{"app": a["app"], "model": a["model"], "requests": a["requests"]}
+                 for a in app.state.apps_seen.summary()[:5]],
     }
 
 
