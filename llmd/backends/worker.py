@@ -130,7 +130,10 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                 elif isinstance(msg, EmbedRequest):
                     # between steps: a batch of embeddings pauses generation for its one decode each
                     if turn is not None:  # background work: after other models' more urgent work
-                        turn.wait(Claim("background", False, time.perf_counter()), heartbeat)
+                        if hasattr(engine, "embed_turn"):  # input by input
+                            engine.embed_turn = EmbedTurn(turn, heartbeat)
+                        else:
+                            turn.wait(Claim("background", False, time.perf_counter()), heartbeat)
                     try:
                         conn.send([engine.embed(msg)])
                     except LlmdError as e:
@@ -138,6 +141,9 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                     except Exception as e:  # a bug or a llama.cpp failure: this request fails, the worker serves on
                         log.exception("embedding request %s failed", msg.id)
                         conn.send([ErrorEvent(msg.id, EngineError(f"the engine failed to embed: {e}").to_wire())])
+                    finally:
+                        if turn is not None:  # the batch is done: its claim leaves the board
+                            turn.done()
                 elif isinstance(msg, Cancel):
                     engine.cancel(msg.id)
                 elif isinstance(msg, StatsRequest):
@@ -201,18 +207,32 @@ class BoardTurn:
         return v.pause
 
     def wait(self, mine: Claim, heartbeat: Callable[[], None]) -> None:
-        """Hold `mine` (work done in one call, such as an embedding batch) until it may run."""
+        """Hold `mine` (work done in one call, such as an embedding batch) until it may run; the
+        claim stays on the board while that work runs (`done` clears it)."""
         self.board.publish(self.row, mine)
-        try:
-            while self.board.verdict(self.row, mine, self.most).pause:
-                heartbeat()
-                self.board.publish(self.row, mine)  # keep the row fresh while it waits
-                time.sleep(PAUSED_POLL_S)
-        finally:
-            self.board.clear(self.row)
+        while self.board.verdict(self.row, mine, self.most).pause:
+            heartbeat()
+            self.board.publish(self.row, mine)  # keep the row fresh while it waits
+            time.sleep(PAUSED_POLL_S)
 
     def done(self) -> None:
         self.board.clear(self.row)
+
+
+class EmbedTurn:
+    """Before each input of an embedding batch: wait for the board. The batch ages (priority) from
+    its arrival until its first input runs, then from the last input done, as a generation does."""
+
+    def __init__(self, turn: BoardTurn, heartbeat: Callable[[], None]) -> None:
+        self.turn, self.heartbeat = turn, heartbeat
+        self.since = time.perf_counter()
+        self.first = True
+
+    def __call__(self) -> None:
+        if not self.first:
+            self.since = time.perf_counter()  # the previous input is done
+        self.first = False
+        self.turn.wait(Claim("background", False, self.since), self.heartbeat)
 
 
 # A busy worker sends at least this often, events or not. Well under any LLMD_HANG_S a person would

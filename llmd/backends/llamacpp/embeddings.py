@@ -59,27 +59,31 @@ class Embedder:
             toks = toks[: self.n_ctx]
         return toks
 
-    def embed(self, req: EmbedRequest, between: Callable[[], None] | None = None) -> EmbedResult:
+    def embed(self, req: EmbedRequest, between: Callable[[], None] | None = None,
+              turn: Callable[[], None] | None = None) -> EmbedResult:
         """Each input in its own decode. `between` (the worker's heartbeat) runs before each and,
         through llama.cpp's abort callback, between the graph's operations: one input of a whole
         context is a single decode that can take a minute, and 16 of them outlast LLMD_HANG_S. A
-        kernel that is stuck reaches no callback, so a real hang is still seen."""
+        kernel that is stuck reaches no callback, so a real hang is still seen. `turn` runs before each
+        input too: it returns when the CPU board lets this background work go on (worker.BoardTurn)."""
         L = self._L
         token_lists = [self.tokens(item, i, req.truncate) for i, item in enumerate(req.inputs)]
         if between is not None:
             beat = L.ggml_abort_callback(lambda _data: bool(between()))  # None: never abort
             L.llama_set_abort_callback(self.ctx, beat, None)
         try:
-            return self._embed(req, token_lists, between)
+            return self._embed(req, token_lists, between, turn)
         finally:
             if between is not None:
                 L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
 
-    def _embed(self, req: EmbedRequest, token_lists: list[list[int]], between: Callable[[], None] | None
-               ) -> EmbedResult:
+    def _embed(self, req: EmbedRequest, token_lists: list[list[int]], between: Callable[[], None] | None,
+               turn: Callable[[], None] | None = None) -> EmbedResult:
         L = self._L
         vectors, counts = [], []
         for toks in token_lists:
+            if turn is not None:  # another model's more urgent request goes first, input by input
+                turn()
             if between is not None:
                 between()
             L.llama_memory_clear(self.mem, True)

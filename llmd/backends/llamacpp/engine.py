@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
@@ -46,6 +46,7 @@ from llmd.backends.base import (
 )
 from llmd.backends.cpu_board import Claim
 from llmd.backends.crash_switch import CRASH_ENV
+from llmd.backends.llamacpp.admission import LAST_ROWS, Admission
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.chunks import ChunkGrid
 from llmd.backends.llamacpp.context import (
@@ -62,7 +63,8 @@ from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
 from llmd.backends.llamacpp.grammar import grammar_for, grammar_for_tools
 from llmd.backends.llamacpp.healing import Healer, spend
-from llmd.backends.llamacpp.kv_copy import PrefixCopier, lost
+from llmd.backends.llamacpp.idle_work import IdleWork
+from llmd.backends.llamacpp.kv_copy import PrefixCopier
 from llmd.backends.llamacpp.prefix_cache import Hit, PrefixCache
 from llmd.backends.llamacpp.sampler import SamplerChain, token_logprobs
 from llmd.backends.llamacpp.slots import Active, Slot
@@ -75,21 +77,11 @@ from llmd.chat.fit import fit_by_dropping
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
 from llmd.chat.tools import prepare_tools
-from llmd.errors import BadRequest, ContextOverflow, EngineError, LlmdError
+from llmd.errors import BadRequest, ContextOverflow, EngineError
 from llmd.models.memory import attention_ubatch
 from llmd.priority import rank as priority_rank
 
 log = logging.getLogger("llmd.engine")
-# a run of at least this many tokens that a slot holds at other positions is moved rather than
-# computed again (fill-in-the-middle only: llama-server's --cache-reuse, which llama.vscode sets to 256)
-SHIFT_MIN_RUN = 64
-# Without flash attention llama.cpp computes a micro-batch holding one row of a sequence by another
-# kernel than one holding several (its matrix-product kernel needs two), and the attention of that
-# row comes out different: a prompt's last token computed alone after its prefix was reused gave
-# logits up to 0.52 away from the ones it got in the prompt's batch (SmolLM2, 37 tokens; two rows
-# or more: identical), so the same seeded request gave another text warm than cold. The fast
-# policy then computes at least this many of a prompt's last tokens together.
-LAST_ROWS = 2
 PREFILL_THREADS_MIN = 32  # a step with at least this many tokens runs on every thread (_threads_for)
 STEP_BACKOFF_MAX_S = 2.0  # the longest pause after engine steps that failed in a row (step)
 # Requests sent together reach the engine spread over tens of milliseconds (four clients, each on a
@@ -183,9 +175,12 @@ class LlamaCppEngine:
         # set by the worker: refreshes this engine's row on the board and says whether another model's
         # work now ranks above all of this one's (a prompt step is then given up between operations)
         self.outranked: Callable[[], bool] | None = None
+        # set by the worker for each embedding request: waits until the board lets it go on
+        self.embed_turn: Callable[[], None] | None = None
         self._board_checked = 0.0
         self._preempting = False
         self.preemptions = 0  # prompt steps given up for another model's more urgent work
+        self.preempted_kept = 0  # prompt tokens those steps had computed and kept
 
         self.bos = L.llama_vocab_bos(self.vocab)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -203,6 +198,8 @@ class LlamaCppEngine:
         between = self.template.between_turns()  # anticipated after each chat reply (fast policy)
         self._next_turn = self.tokenize(between, False) if between else []
         self.slots = [Slot(seq=i) for i in range(cfg.n_slots)]
+        self.idle = IdleWork(self)  # what the engine does for itself between requests (idle_work.py)
+        self.admission = Admission(self)  # waiting requests into free slots (admission.py)
         self.grid = ChunkGrid(cfg.chunk, self._is_eog)
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self.reading: list[tuple[Active, Future[Hit | None]]] = []  # prepared, their prefix being read from disk
@@ -277,7 +274,7 @@ class LlamaCppEngine:
             self.embedder = Embedder(self.model, self.vocab, n_ctx, self.governor.threads, self.cfg.repack)
         self._choose_threads()
         try:
-            return self.embedder.embed(req, self.heartbeat)
+            return self.embedder.embed(req, self.heartbeat, self.embed_turn)
         finally:
             self.governor.done()
 
@@ -297,21 +294,20 @@ class LlamaCppEngine:
 
     def has_work(self) -> bool:
         return (bool(self.waiting) or bool(self.reading) or any(s.active for s in self.slots)
-                or self._idle_slot() is not None or self._cost_pending())
+                or self.idle.slot() is not None or self.idle.cost_pending())
 
     def claim(self) -> Claim | None:
         """The most urgent request this engine holds, for the CPU board (None: only idle work)."""
         now = time.perf_counter()
-        held = [(a.req, a.t_received) for a in (*(s.active for s in self.slots if s.active), *(a for a, _ in self.reading))]
+        # a request ages (rises a class per priority.AGING_S) while nothing of it is computed: from
+        # its arrival, then from its last step; one that is being served is not starved
+        held = [(a.req, a.t_progress or a.t_received)  # as _rank ages them
+                for a in (*(s.active for s in self.slots if s.active), *(a for a, _ in self.reading))]
         held += list(self.waiting)
         if not held:
             return None
         req, since = min(held, key=lambda h: (priority_rank(h[0].priority, now - h[1]), h[0].fim is None, h[1]))
         return Claim(req.priority, req.fim is not None, since)
-
-    def _cost_pending(self) -> bool:
-        return (self.spec.want_cost and not self.spec.cost and not self.waiting and not self.reading
-                and all(s.active is None for s in self.slots))
 
     def _load_draft(self) -> tuple[DraftModel | None, str]:
         """The paired draft model, if any. A draft that fails to load leaves the target serving
@@ -334,7 +330,7 @@ class LlamaCppEngine:
             "step_ms_p50": round(times[len(times) // 2] * 1000, 2) if times else None,
             "requests_done": self.requests_done,
             # still to do when idle (snapshots being written included): benchmarks wait for it
-            "idle_work": (self._idle_slot() is not None or self._cost_pending()
+            "idle_work": (self.idle.slot() is not None or self.idle.cost_pending()
                           or (self.prefix is not None and self.prefix.writing)),
             "threads": {**self.governor.info(), **({"threads": self._threads_now, "reason": self.share_reason}
                                                    if self._threads_now != self.governor.threads else {})},
@@ -343,6 +339,7 @@ class LlamaCppEngine:
             "kv_copies": self.copier.info(),
             "joins": self.joins,
             "preemptions": self.preemptions,
+            "preempted_tokens_kept": self.preempted_kept,
             "profile": self.profiler.summary(),
         }
 
@@ -406,15 +403,19 @@ class LlamaCppEngine:
         self._choose_threads()
         self._release_cancelled(events)
         was_idle = not any(s.active for s in self.slots)
-        self._admit(events)
+        self.admission.admit(events)
         if was_idle and any(s.active for s in self.slots):
             self._join_until = t0 + JOIN_S
         self.yielded = False
         # by priority (llmd.priority), an editor's completion first among equals (it is worth
-        # something only before the next keystroke), then oldest first
+        # something only before the next keystroke), then oldest first; a prompt of a lower class
+        # than the engine's most urgent request waits (a 512-token slice of an agent's prompt beside
+        # a chat's 30 took the chat's first token from 0.25 s to seconds), aging while it does
         prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling),
-                            key=lambda s: (priority_rank(s.active.req.priority, t0 - s.active.t_received),  # type: ignore[union-attr]
-                                           s.active.req.fim is None, s.active.t_received))  # type: ignore[union-attr]
+                            key=lambda s: (self._rank(s.active, t0), s.active.req.fim is None,  # type: ignore[arg-type]
+                                           s.active.t_received))  # type: ignore[union-attr]
+        top = min((self._rank(s.active, t0) for s in self.slots if s.active), default=0)
+        prefilling = [s for s in prefilling if self._rank(s.active, t0) <= top]  # type: ignore[arg-type]
         decoding = [s for s in self.slots if s.active and not s.active.prefilling]
         if self.exact:
             if prefilling:  # one aligned chunk, alone in its decode, so its KV is batch-independent
@@ -427,11 +428,16 @@ class LlamaCppEngine:
             if self.reading:  # only disk reads in flight: wait a moment for one rather than spin
                 wait_futures([f for _, f in self.reading], timeout=0.002, return_when="FIRST_COMPLETED")
             else:
-                self._idle_work()
+                self.idle.work()
         else:
             self._step_times.append(time.perf_counter() - t0)
         self.governor.done()
         return events
+
+    @staticmethod
+    def _rank(a: Active, now: float) -> int:
+        """llmd.priority's rank of an admitted request: it ages while nothing of it is computed."""
+        return priority_rank(a.req.priority, now - (a.t_progress or a.t_received))
 
     def _choose_threads(self) -> None:
         """Fewer threads while other programs keep cores busy, all of them again when they stop
@@ -463,149 +469,6 @@ class LlamaCppEngine:
         for slot in self.slots:
             if slot.active and slot.active.cancelled:
                 self._finish(slot, "cancelled", events, flush=False)
-
-    def _next_waiting(self) -> tuple[GenerationRequest, float]:
-        """The waiting request of the highest priority (llmd.priority: its class, raised as it
-        waits), an editor's completion (FIM) first among equals, then the oldest."""
-        now = time.perf_counter()
-        i = min(range(len(self.waiting)), key=lambda i: (
-            priority_rank(self.waiting[i][0].priority, now - self.waiting[i][1]), self.waiting[i][0].fim is None,
-            self.waiting[i][1]))
-        item = self.waiting[i]
-        del self.waiting[i]
-        return item
-
-    def _admit(self, events: list[Event]) -> None:
-        """Fill free slots: first requests whose prefix has been read from disk, then waiting ones,
-        as many at once as there are free slots, so each goes to the slot that holds most of its
-        prompt. A waiting request whose prefix is on disk waits for the read off the step thread,
-        in `reading`, while the other slots go on."""
-        while self._free():
-            ready = self._ready(events)
-            if not ready:
-                if not self.waiting:
-                    return
-                continue  # this group failed to prepare or went to disk reads: the next waiting ones
-            holders = {id(a): self._holder(a) for a, _ in ready}
-            for i, (active, hit) in enumerate(ready):
-                # slots another request of this group holds more of its prompt in are left to it
-                mine = holders[id(active)]
-                avoid = {h for a, _ in ready[i + 1:] if (h := holders[id(a)]) is not None and h != mine}
-                self._admit_one(active, hit, events, avoid)
-
-    def _ready(self, events: list[Event]) -> list[tuple[Active, Hit | None]]:
-        """A request whose prefix was read from disk, or up to as many waiting requests as there are
-        free slots, prepared, with their prefix cache entries (those read from disk go to `reading`)."""
-        done = next((r for r in self.reading if r[1].done()), None)
-        if done is not None:
-            self.reading.remove(done)
-            active, read = done
-            return [(active, read.result() if read.exception() is None else None)]
-        ready: list[tuple[Active, Hit | None]] = []
-        for _ in range(min(len(self._free()), len(self.waiting))):
-            req, t_received = self._next_waiting()
-            try:
-                active = self._prepare(req, t_received)
-            except LlmdError as e:
-                events.append(ErrorEvent(req.id, e.to_wire()))
-                continue
-            except Exception as e:  # a bug or a llama.cpp failure: fail this request, keep serving
-                log.exception("preparing request %s failed", req.id)
-                events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
-                continue
-            found = self._lookup(active)
-            if isinstance(found, Future):
-                self.reading.append((active, found))
-            else:
-                ready.append((active, found))
-        return ready
-
-    def _holder(self, active: Active) -> int | None:
-        """The free slot whose own KV serves the most of the request's prompt, when it serves more
-        than every other free slot does."""
-        if not active.req.cache_prompt:
-            return None
-        got = sorted(((self._reusable(s, active.prompt), s.seq) for s in self._free()), reverse=True)
-        return got[0][1] if got and (len(got) == 1 or got[0][0] > got[1][0]) else None
-
-    def _admit_one(self, active: Active, hit: Hit | None, events: list[Event], avoid: set[int]) -> None:
-        slot = None
-        try:
-            slot, reuse = self._place(active, hit, avoid)
-            if active.req.fim is not None and active.req.cache_prompt and not self.exact and self._can_shift:
-                # an editor's window slid down a line: the KV of the lines it kept, moved
-                reuse = slot.reuse_shifted(self._L, self.mem, active.prompt, reuse, SHIFT_MIN_RUN)
-            else:
-                slot.truncate(self._L, self.mem, reuse)
-            if not self.exact and active.req.cache_prompt:  # another slot may hold more of the prompt
-                donor = self.copier.source(self.slots, slot, active.prompt, reuse, self._reusable)
-                if donor is not None and self.copier.copy(self._L, self.ctx, self.mem, donor[0], slot, donor[1]):
-                    reuse = donor[1]
-                elif donor is not None:  # refused: the slot was emptied, its prompt is computed
-                    reuse = 0
-        except Exception as e:  # this request's placement failed: it is answered, no other is
-            log.exception("placing request %s in a slot failed", active.req.id)
-            if slot is not None:
-                slot.active = active
-                self._fail(slot, events, f"the engine failed to place the request ({type(e).__name__}: {e}); "
-                                         "the model goes on serving: retry the request")
-            else:
-                active.sampler.close()
-                events.append(ErrorEvent(active.req.id, EngineError(
-                    f"the engine failed to place the request ({type(e).__name__}: {e}); retry the request").to_wire()))
-            return
-        if not self.flash_attn and reuse > len(active.prompt) - LAST_ROWS:  # (see LAST_ROWS)
-            reuse = max(0, len(active.prompt) - LAST_ROWS)
-            slot.truncate(self._L, self.mem, reuse)
-        active.cached = active.pos = reuse
-        active.t_admitted = time.perf_counter()
-        slot.active = active
-        slot.fim_head = active.fim_head
-
-    def _free(self) -> list[Slot]:
-        return [s for s in self.slots if s.active is None]
-
-    def _lookup(self, active: Active) -> Hit | Future[Hit | None] | None:
-        """The prefix cache's entry for the prompt, when it would serve more than a free slot does."""
-        if self.prefix is None or not active.req.cache_prompt:
-            return None
-        live = max((self._reusable(s, active.prompt) for s in self._free()), default=0)
-        with self.profiler.span("prefix_lookup"):
-            return self.prefix.lookup(active.prompt, live)
-
-    def _place(self, active: Active, hit: Hit | None, avoid: Collection[int] = ()) -> tuple[Slot, int]:
-        """The free slot that serves most of the prompt for the least KV it overwrites, or the one
-        the prefix cache's `hit` is restored into when it serves more; and how many prompt tokens
-        it serves. A slot's own KV counts, and (fast policy) a copy of what another slot holds: a
-        prompt sharing only a few tokens with a slot that holds a long conversation or a shared
-        system prompt goes to an emptier slot instead of overwriting it (measured: a chat with its
-        own system prompt matched 5 tokens of the slot holding Qwen's default one and overwrote
-        it, so four clients that came next, which share that default, all computed it again)."""
-        if self._place_raises and len(active.prompt) > 100:
-            raise RuntimeError("test switch: a placement that fails")
-        free = [s for s in self._free() if s.seq not in avoid] or self._free()
-        if not active.req.cache_prompt:
-            return min(free, key=lambda s: (lost(s, 0), s.last_used)), 0
-        prompt = active.prompt
-        reuse_of = {s.seq: self._reusable(s, prompt) for s in self.slots}
-        holder = max(self.slots, key=lambda s: reuse_of[s.seq])
-        best = reuse_of[holder.seq]
-
-        def value(s: Slot) -> tuple[float, float]:
-            r = reuse_of[s.seq]
-            served = r if self.exact else self.copier.served(r, best, len(holder.tokens))
-            return served - lost(s, r), -s.last_used
-
-        slot = max(free, key=value)
-        reuse = reuse_of[slot.seq]
-        if hit is None or self.prefix is None or hit.n <= reuse:
-            return slot, reuse
-        # restore into the free slot whose own KV serves this prompt least, oldest first
-        target = min(free, key=lambda s: (self._reusable(s, prompt), s.last_used))
-        with self.profiler.span("prefix_restore"):
-            if self.prefix.restore(self._L, self.ctx, self.mem, target, hit):
-                return target, hit.n
-        return (slot, reuse) if slot is not target else (target, 0)
 
     def _chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         pieces = self.template.render_pieces(messages, tools)
@@ -741,10 +604,13 @@ class LlamaCppEngine:
             elif rc == 0 and parts and not decoding:
                 self.copier.observe_prefill(n, time.perf_counter() - t0)
         if rc == 2 and (joinable or self._preempting):
-            # given up for a request that arrived with these, or for another model's more urgent
-            # work: none of its KV stays
-            for slot, _, pos, _ in rows:
-                self._L.llama_memory_seq_rm(self.mem, slot.seq, pos, -1)
+            # given up for a request that arrived with these (none of its KV stays: they share the
+            # next step), or for another model's more urgent work: llama.cpp keeps the micro-batches
+            # it finished, and a prompt keeps them (the exact policy's chunks are computed whole)
+            keep = self._preempting and not self.exact
+            for slot, _, pos, end in rows:
+                kept = self._kept_of_prompt(slot, pos, end) if keep and end >= 0 else pos
+                self._L.llama_memory_seq_rm(self.mem, slot.seq, kept, -1)
             if self._preempting:
                 self.preemptions += 1
             else:
@@ -756,6 +622,10 @@ class LlamaCppEngine:
             for slot in [*decoding, *(p[0] for p in parts)]:
                 self._fail(slot, events, f"llama_decode returned {rc} for a batch of {n} tokens")
             return
+        done_at = time.perf_counter()
+        for slot in [*decoding, *(p[0] for p in parts)]:
+            if slot.active is not None:
+                slot.active.t_progress = done_at
         for slot, start, end, row in parts:
             a = slot.active
             assert a is not None
@@ -774,6 +644,22 @@ class LlamaCppEngine:
         if lone is not None and not parts:  # a lone stream: what each drafter gains, measured live
             self.spec.note_lone_step(lone.last_drafter if plan[0][2] else "", lone.n_gen - lone_gen,
                                      time.perf_counter() - t_step)
+
+    def _kept_of_prompt(self, slot: Slot, pos: int, end: int) -> int:
+        """After a prompt step given up part way: where the prompt's KV now ends (what llama.cpp
+        kept of rows pos..end), its tokens recorded in the slot. Never the prompt's last rows: the
+        step that computes them also samples (LAST_ROWS together without flash attention)."""
+        a = slot.active
+        assert a is not None
+        kept = min(end, int(self._L.llama_memory_seq_pos_max(self.mem, slot.seq)) + 1,
+                   len(a.prompt) - (1 if self.flash_attn else LAST_ROWS))
+        if kept <= pos:
+            return pos
+        slot.tokens.extend(a.prompt[pos:kept])
+        self.preempted_kept += kept - pos
+        a.pos = kept
+        a.t_progress = time.perf_counter()
+        return kept
 
     def _accept(self, slot: Slot, row: int, drafts: list[int], events: list[Event]) -> None:
         a = slot.active
@@ -908,69 +794,6 @@ class LlamaCppEngine:
         slot.active = None
         slot.forget(self._L, self.mem)  # the sequence's KV may be partly written
 
-    # ---- idle work ----------------------------------------------------------------------------
-
-    def _idle_slot(self) -> Slot | None:
-        """A free slot with work for an idle moment: (exact) a reply to re-prefill, or a snapshot
-        for the prefix cache."""
-        if self.waiting or self.reading:
-            return None
-        if self.exact:
-            for slot in self.slots:
-                if slot.active is None and self.grid.reprefill_end(slot) is not None:
-                    return slot
-        else:
-            for slot in self.slots:
-                if slot.active is None and slot.tail:
-                    return slot
-        if self.prefix is not None:
-            for slot in self.slots:
-                if slot.active is None and self.prefix.wants(slot):
-                    return slot
-        return None
-
-    def _idle_work(self) -> None:
-        slot = self._idle_slot()
-        if slot is not None and not self.waiting:
-            if self.exact and self.grid.reprefill_end(slot) is not None:
-                self._reprefill_chunk(slot)
-            elif not self.exact and slot.tail:
-                self._anticipate(slot)
-            elif self.prefix is not None:
-                with self.profiler.span("prefix_save"):
-                    self.prefix.save(self._L, self.ctx, self.mem, slot)
-        elif self._cost_pending():
-            self._measure_cost()
-
-    def _reprefill_chunk(self, slot: Slot) -> None:
-        """(exact) Recompute one whole chunk past `exact` as prefill would, dropping decode-time KV.
-        A command arriving from the daemon aborts the decode, so idle work never delays a request."""
-        end = self.grid.reprefill_end(slot)
-        assert end is not None
-        start = slot.exact
-        L = self._L
-        if len(slot.tokens) > start:  # decode-time KV past `exact`: drop it, keep its tokens to redo
-            slot.tail[:0] = slot.tokens[start:]
-            del slot.tokens[start:]
-            L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
-        chunk = slot.tail[: end - start]
-        if not self._run_abortable(slot, chunk, start):  # aborted for a new command (or failed): the tail stays, retried when idle again
-            L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
-            return
-        slot.tokens.extend(chunk)
-        del slot.tail[: end - start]
-        slot.exact = end
-
-    def _anticipate(self, slot: Slot) -> None:
-        """(fast) Prefill the template's end of turn and next user header after a chat reply, while
-        idle, so the next turn prefills only the user's words. Aborted if a command arrives."""
-        chunk, start = slot.tail, len(slot.tokens)
-        slot.tail = []
-        if self._run_abortable(slot, chunk, start):
-            slot.tokens.extend(chunk)
-        else:
-            self._L.llama_memory_seq_rm(self.mem, slot.seq, start, -1)
-
     def _step_watch(self) -> bool:
         """Between a watched step's graph operations: tell the daemon the worker is still working
         (hundreds of prompt tokens in one step of a large model on a few cores can outlast
@@ -990,32 +813,6 @@ class LlamaCppEngine:
             return False
         self._board_checked = now
         return self.outranked()
-
-    def _run_abortable(self, slot: Slot, tokens: list[int], start: int) -> bool:
-        """Idle work's decode: a command arriving from the daemon aborts it (False), so idle work
-        never delays a request."""
-        L = self._L
-        L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
-        try:
-            return self._run(slot, tokens, start, logits_last=False)
-        finally:
-            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
-
-    def _measure_cost(self) -> None:
-        """Time verifying k drafts on this machine, in an idle slot (when every slot is free); its
-        cached prefix is given up once, for this measurement. A command arriving aborts it (it is
-        retried when idle again), so a request never waits for it."""
-        L = self._L
-        scratch = self.slots[-1]
-        scratch.forget(L, self.mem)
-        self._threads_for(1)  # verification batches are small: timed with the decode thread count
-        L.llama_set_abort_callback(self.ctx, self._abort_cb, None)
-        try:
-            self.spec.measure_cost(self._llama_decode, self.batch, self.mem, scratch.seq,
-                                   self.bos if self.bos >= 0 else 0, lambda: bool(self.interrupt and self.interrupt()))
-        finally:
-            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(), None)
-            scratch.forget(L, self.mem)
 
     def _warm_up(self) -> int:
         """Run every kernel a request will, so one that crashes does so while loading (context.warm_up).

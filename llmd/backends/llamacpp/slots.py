@@ -39,6 +39,7 @@ class Active:
     t_first: float = 0.0
     t_last: float = 0.0
     t_prefill_done: float = 0.0
+    t_progress: float = 0.0  # the end of the last step that computed any of it (its wait, for priority)
     cancelled: bool = False
     drafters: tuple[str, ...] = ()  # which may draft for it: "ngram", "draft" (the draft model)
     auto: bool = False  # speculation "auto": the engine decides whether drafting pays
