@@ -84,12 +84,12 @@ class Admission:
             req, t_received = self.next_waiting()
             try:
                 active = e._prepare(req, t_received)
-            except LlmdError as e:
-                events.append(ErrorEvent(req.id, e.to_wire()))
+            except LlmdError as err:
+                events.append(ErrorEvent(req.id, err.to_wire()))
                 continue
-            except Exception as e:  # a bug or a llama.cpp failure: fail this request, keep serving
+            except Exception as err:  # a bug or a llama.cpp failure: fail this request, keep serving
                 log.exception("preparing request %s failed", req.id)
-                events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {e}").to_wire()))
+                events.append(ErrorEvent(req.id, EngineError(f"engine failed to prepare the request: {err}").to_wire()))
                 continue
             found = self._lookup(active)
             if isinstance(found, Future):
@@ -123,16 +123,16 @@ class Admission:
                     reuse = donor[1]
                 elif donor is not None:  # refused: the slot was emptied, its prompt is computed
                     reuse = 0
-        except Exception as e:  # this request's placement failed: it is answered, no other is
+        except Exception as err:  # this request's placement failed: it is answered, no other is
             log.exception("placing request %s in a slot failed", active.req.id)
             if slot is not None:
                 slot.active = active
-                e._fail(slot, events, f"the engine failed to place the request ({type(e).__name__}: {e}); "
+                e._fail(slot, events, f"the engine failed to place the request ({type(err).__name__}: {err}); "
                                          "the model goes on serving: retry the request")
             else:
                 active.sampler.close()
                 events.append(ErrorEvent(active.req.id, EngineError(
-                    f"the engine failed to place the request ({type(e).__name__}: {e}); retry the request").to_wire()))
+                    f"the engine failed to place the request ({type(err).__name__}: {err}); retry the request").to_wire()))
             return
         if not e.flash_attn and reuse > len(active.prompt) - LAST_ROWS:  # (see LAST_ROWS)
             reuse = max(0, len(active.prompt) - LAST_ROWS)

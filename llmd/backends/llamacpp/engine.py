@@ -411,11 +411,11 @@ class LlamaCppEngine:
         # something only before the next keystroke), then oldest first; a prompt of a lower class
         # than the engine's most urgent request waits (a 512-token slice of an agent's prompt beside
         # a chat's 30 took the chat's first token from 0.25 s to seconds), aging while it does
-        prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling),
-                            key=lambda s: (self._rank(s.active, t0), s.active.req.fim is None,  # type: ignore[arg-type]
-                                           s.active.t_received))  # type: ignore[union-attr]
-        top = min((self._rank(s.active, t0) for s in self.slots if s.active), default=0)
-        prefilling = [s for s in prefilling if self._rank(s.active, t0) <= top]  # type: ignore[arg-type]
+        ranked = {s.seq: (self._rank(s.active, t0), s.active.req.fim is None, s.active.t_received)
+                  for s in self.slots if s.active is not None}
+        top = min((r[0] for r in ranked.values()), default=0)
+        prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling and ranked[s.seq][0] <= top),
+                            key=lambda s: ranked[s.seq])
         decoding = [s for s in self.slots if s.active and not s.active.prefilling]
         if self.exact:
             if prefilling:  # one aligned chunk, alone in its decode, so its KV is batch-independent
