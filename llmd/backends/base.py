@@ -182,6 +182,15 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class Reprioritize:
+    """A request's class changes (llmd.priority): an editor's dropped completion runs on for nobody
+    as background work, and is interactive again when a keystroke asks for it."""
+
+    id: str
+    priority: str
+
+
+@dataclass(frozen=True)
 class StatsRequest:
     pass
 
@@ -312,6 +321,8 @@ class Handle(Protocol):
     def submit(self, req: GenerationRequest | EmbedRequest) -> asyncio.Queue[Event]: ...
 
     def cancel(self, request_id: str) -> None: ...
+
+    def reprioritize(self, request_id: str, priority: str) -> None: ...
 
     def forget(self, request_id: str) -> None: ...
 

@@ -28,6 +28,7 @@ from llmd.backends.base import (
     Event,
     GenerationRequest,
     Loaded,
+    Reprioritize,
     Shutdown,
     Stats,
     StatsRequest,
@@ -146,6 +147,9 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                             turn.done()
                 elif isinstance(msg, Cancel):
                     engine.cancel(msg.id)
+                elif isinstance(msg, Reprioritize):
+                    if hasattr(engine, "reprioritize"):
+                        engine.reprioritize(msg.id, msg.priority)
                 elif isinstance(msg, StatsRequest):
                     conn.send(Stats(engine.stats()))
                 elif isinstance(msg, ClearCaches):
@@ -335,6 +339,11 @@ class WorkerHandle:
         with self._lock:
             if self._queues.pop(request_id, None) is not None and self.alive:
                 self._outbox.put(Cancel(request_id))
+
+    def reprioritize(self, request_id: str, priority: str) -> None:
+        with self._lock:
+            if request_id in self._queues and self.alive:
+                self._outbox.put(Reprioritize(request_id, priority))
 
     def forget(self, request_id: str) -> None:
         with self._lock:

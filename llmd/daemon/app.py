@@ -79,6 +79,7 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
         app.state.stored_responses = StoredResponses(settings.paths.responses_api_db,
                                                     settings.responses_store_mb * 2**20)
         sched = scheduler or Scheduler(settings, registry)
+        app.state.suggestions.on_priority = sched.reprioritize  # a dropped one runs on as background work
         app.state.settings = settings
         app.state.registry = registry
         app.state.scheduler = sched

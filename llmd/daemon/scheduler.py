@@ -570,6 +570,12 @@ class Scheduler:
         except ValueError as e:
             raise BadRequest(str(e), "keep_alive") from None
 
+    def reprioritize(self, name: str, request_id: str, priority: str) -> None:
+        """Another class for a request of a loaded model (nothing when it has ended or the model is gone)."""
+        worker = self.workers.get(name)
+        if worker is not None:
+            worker.reprioritize(request_id, priority)
+
     def keep_alive_for(self, name: str) -> float | None:
         return self.state(name).keep_alive
 

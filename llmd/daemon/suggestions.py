@@ -32,6 +32,7 @@ import hashlib
 import json
 import statistics
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmd.backends.base import GenerationRequest, reply_fields
@@ -54,6 +55,7 @@ class Proposal:
 
     model: str
     prefix: str
+    request_id: str = ""  # of the run that decodes it
     pieces: list[str] = field(default_factory=list)  # the text so far: the request's own list, filled as it decodes
     follows: bool = False  # decoded on from where the previous proposal at this cursor stopped
     link: int = 0  # how many times what it goes on from was decoded on
@@ -63,6 +65,9 @@ class Proposal:
     deadline: float = 0.0  # loop time: a dropped proposal nobody asked for since is cancelled then
     stats: dict[str, int] = field(default_factory=dict)  # the store's counters (Suggestions.stats)
     _change: asyncio.Event = field(default_factory=asyncio.Event)
+    # (model, request id, class): how a proposal running for nobody becomes background work, and
+    # interactive again when a keystroke asks for it (the scheduler's reprioritize; None in tests)
+    on_priority: Callable[[str, str, str], None] | None = None
 
     @property
     def text(self) -> str:
@@ -94,16 +99,21 @@ class Proposal:
         `answer`, extends it), so a chain never keeps itself alive."""
         self.task = task
         self._count("ran_on")
+        self._set_priority("background")  # decoded for nobody now: after what someone waits for
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its error is its own: nobody waits
         loop = asyncio.get_running_loop()
-        if deadline is None:
-            self.wanted()
-        else:
-            self.deadline = deadline
+        self.deadline = deadline if deadline is not None else loop.time() + ORPHAN_S
         loop.call_later(max(0.0, self.deadline - loop.time()), self._expire)
 
     def wanted(self) -> None:
+        """A keystroke's request waits on it: it runs on, for someone again."""
         self.deadline = asyncio.get_running_loop().time() + ORPHAN_S
+        if not self.done:
+            self._set_priority("interactive")
+
+    def _set_priority(self, cls: str) -> None:
+        if self.on_priority is not None and self.request_id:
+            self.on_priority(self.model, self.request_id, cls)
 
     def cancel(self, why: str = "cancelled") -> None:
         if self.task is not None and not self.task.done():
@@ -142,6 +152,7 @@ class Suggestions:
         # could not serve, and cancelled at ORPHAN_S with nobody asking
         self.stats = {"answered": 0, "ran_on": 0, "cancelled": 0, "expired": 0}
         self._drops: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
+        self.on_priority: Callable[[str, str, str], None] | None = None  # given to each Proposal
 
     def dropped(self, model: str, client: str, lived_s: float) -> None:
         """`client` (an editor) dropped a completion of `model` after `lived_s`: its next keystroke came."""
@@ -242,7 +253,8 @@ class Suggestions:
         if key is None or req.fim is None or (after is not None and after.link + 1 >= MAX_LINKS):
             return None
         follows = after is not None
-        p = Proposal(model, req.fim.prefix, pieces, follows, link=after.link + 1 if after else 0, stats=self.stats)
+        p = Proposal(model, req.fim.prefix, req.id, pieces, follows, link=after.link + 1 if after else 0,
+                     stats=self.stats, on_priority=self.on_priority)
         chain = self._last.pop(key, [])
         if not follows:
             for old in chain:

@@ -262,3 +262,26 @@ def test_a_chain_of_continuations_is_capped_and_the_store_by_bytes():
     for i in range(6):
         _done(s, "m", _req(f"{i}{big}"), "y")
     assert s.held_bytes() <= suggestions.MAX_BYTES + len(big) + 10
+
+
+def test_a_dropped_proposal_runs_on_as_background_work_until_a_keystroke_asks_for_it():
+    """Decoded for nobody, a proposal must not go ahead of a chat or an agent on the CPU board
+    (llmd.priority); a keystroke's request that joins it makes it interactive again."""
+    async def main() -> None:
+        s = Suggestions()
+        seen: list[tuple[str, str, str]] = []
+        s.on_priority = lambda model, rid, cls: seen.append((model, rid, cls))
+        pieces: list[str] = []
+        p = s.begin("m", _req("def f(x):\n    "), pieces)
+        assert p is not None
+        p.run_on(asyncio.ensure_future(asyncio.sleep(60)))
+        assert seen == [("m", "r", "background")]
+        joined = asyncio.ensure_future(s.answer("m", _req("def f(x):\n    re")))
+        await asyncio.sleep(0.01)
+        assert seen[-1] == ("m", "r", "interactive")
+        pieces.append("return x")
+        p.finish(True)
+        assert await joined == "turn x"
+        p.cancel()
+
+    asyncio.run(main())

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +292,13 @@ class LlamaCppEngine:
         for slot in self.slots:
             if slot.active is not None and slot.active.req.id == request_id:
                 slot.active.cancelled = True
+
+    def reprioritize(self, request_id: str, priority: str) -> None:
+        """Give a request, waiting or admitted, another class (llmd.priority)."""
+        self.waiting = deque((replace(r, priority=priority) if r.id == request_id else r, t) for r, t in self.waiting)
+        for a in (*(s.active for s in self.slots if s.active), *(a for a, _ in self.reading)):
+            if a.req.id == request_id:
+                a.req = replace(a.req, priority=priority)
 
     def has_work(self) -> bool:
         return (bool(self.waiting) or bool(self.reading) or any(s.active for s in self.slots)

@@ -148,6 +148,9 @@ class RemoteHandle:
         if task is not None:
             task.cancel()  # closes the upstream connection: the upstream stops and frees its slot
 
+    def reprioritize(self, request_id: str, priority: str) -> None:
+        pass  # an upstream server orders its own work
+
     def forget(self, request_id: str) -> None:
         self._tasks.pop(request_id, None)
 

@@ -556,7 +556,8 @@ def _go_on(request: Request, name: str, run: Run) -> None:
     text = "".join(run.text)
     if run.end is None or run.end.finish_reason != "length" or not text or req.fim is None:
         return
-    nreq = replace(req, id=uuid.uuid4().hex, fim=replace(req.fim, prefix=req.fim.prefix + text))
+    # decoded for nobody until a keystroke asks for it: background work (llmd.priority) till then
+    nreq = replace(req, id=uuid.uuid4().hex, fim=replace(req.fim, prefix=req.fim.prefix + text), priority="background")
     pieces: list[str] = []
     proposal = state.suggestions.begin(name, nreq, pieces, after=run.proposal)
     if proposal is None:  # the chain is as long as it may be
