@@ -105,9 +105,9 @@ class Daemon:
 
 def computed_again(url: str) -> int:
     """Prompt tokens a fast-policy request computes when its whole prompt is cached: the last one,
-    or, attending by matrix products, the last two together (engine.LAST_ROWS: one alone gets other
+    or, attending by matrix products, the last two together (prompt_rows.LAST_ROWS: one alone gets other
     logits than it got cold)."""
-    from llmd.backends.llamacpp.engine import LAST_ROWS
+    from llmd.backends.llamacpp.prompt_rows import LAST_ROWS
 
     attention = httpx.get(url.rstrip("/") + "/llmd/status").json()["loaded"][0]["attention"]
     return 1 if attention == "flash" else LAST_ROWS

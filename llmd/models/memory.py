@@ -42,22 +42,32 @@ class Estimate:
         return {**asdict(self), "total": self.total}
 
 
-# Without flash attention llama.cpp holds one micro-batch's attention scores against a whole KV
-# stream (n_ctx x n_ubatch x n_head f32): the micro-batch is cut so they stay under this. llama-server
-# reserves 848 MiB of compute for a 1.5B model at 32,768 tokens a slot and n_ubatch 512 that way.
-# On two cores a 2,048-token prefill took the same time in micro-batches of 64 as of 512.
+# Without flash attention llama.cpp holds one micro-batch's attention scores against the KV cells a
+# stream has filled (n_kv x rows x n_head, f32): a micro-batch is cut so they stay under this.
+# llama-server reserves 848 MiB of compute for a 1.5B model at 32,768 tokens a slot and n_ubatch
+# 512 that way. The engine reserves the same (address space, not memory: pages are only touched by
+# the scores a step computes) and cuts each step's rows by the depth it reaches (attention_rows), so
+# a cold prompt is read in micro-batches of 512 while it is short and of fewer as it grows.
 ATTN_SCRATCH = 128 * MB
 MAX_UBATCH = 512
 MIN_UBATCH = 32
+# llama.cpp attends over the filled cells padded up to this many
+KV_PAD = 256
+
+
+def attention_rows(n_kv: int, n_head: int) -> int:
+    """The largest power-of-two micro-batch (MIN_UBATCH..MAX_UBATCH) whose attention scores
+    against `n_kv` filled cells (padded as llama.cpp does) of every head fit ATTN_SCRATCH."""
+    n_kv = -(-max(1, n_kv) // KV_PAD) * KV_PAD
+    ub = MAX_UBATCH
+    while ub > MIN_UBATCH and n_kv * ub * max(1, n_head) * 4 > ATTN_SCRATCH:
+        ub //= 2
+    return ub
 
 
 def attention_ubatch(n_ctx: int, n_head: int) -> int:
-    """The largest power-of-two micro-batch (MIN_UBATCH..MAX_UBATCH) whose attention scores
-    against `n_ctx` tokens of every head fit ATTN_SCRATCH (used without flash attention)."""
-    ub = MAX_UBATCH
-    while ub > MIN_UBATCH and n_ctx * ub * max(1, n_head) * 4 > ATTN_SCRATCH:
-        ub //= 2
-    return ub
+    """The micro-batch whose scores against a whole slot of `n_ctx` tokens fit ATTN_SCRATCH."""
+    return attention_rows(n_ctx, n_head)
 
 
 def attention_scratch(n_ctx: int, n_head: int) -> int:

@@ -79,7 +79,7 @@ def test_fast_attends_by_matrix_products_and_exact_with_flash_attention_by_defau
 def test_matmul_gives_a_seeded_request_the_same_text_warm_as_cold(fast8: Daemon):
     """The same seeded request, cold then with its prompt in the slot. Computing only the prompt's
     last token, alone, took llama.cpp's other kernel and gave it other logits (up to 0.52 away):
-    another text from the first token on. engine.LAST_ROWS computes two."""
+    another text from the first token on. prompt_rows.LAST_ROWS computes two."""
     body = {"messages": [{"role": "user", "content": "Write a line of a poem."}], "max_tokens": 30,
             "temperature": 1.0, "top_p": 0.95, "seed": 1234}
     texts = [httpx.post(fast8.url + "/v1/chat/completions", json=body, headers={"Cache-Control": "no-store"},

@@ -5,19 +5,19 @@ check counts them."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from llmd.backends.llamacpp.context import flash_attention
-from llmd.backends.llamacpp.engine import LlamaCppEngine
 from llmd.backends.llamacpp.prefix_store import namespace
+from llmd.backends.llamacpp.prompt_rows import MIN_PROMPT_ROWS, PromptRows
 from llmd.config import load_settings
 from llmd.models.gguf import GGUFInfo
 from llmd.models.memory import (
     ATTN_SCRATCH,
     MAX_UBATCH,
     MIN_UBATCH,
+    attention_rows,
     attention_scratch,
     attention_ubatch,
     estimate,
@@ -61,6 +61,36 @@ def test_the_micro_batch_bounds_the_scores_held_at_once():
         assert ub & (ub - 1) == 0 and (ub == MIN_UBATCH or n_ctx * ub * 28 * 4 <= ATTN_SCRATCH)
 
 
+def test_a_cold_prompt_is_read_in_the_largest_micro_batches_its_depth_allows():
+    """Issue 51: the scores a step holds grow with the cells filled so far, not the slot's size, so
+    a prompt starts in micro-batches of 512 and takes fewer rows as it grows."""
+    assert attention_rows(1000, 12) == MAX_UBATCH  # 1,024 cells x 512 rows x 12 heads: 24 MiB
+    assert attention_rows(8192, 12) == 256
+    assert attention_rows(32768, 12) == attention_ubatch(32768, 12) == 64
+    assert attention_rows(5400, 12) == attention_rows(5632, 12)  # padded to 256 cells, as llama.cpp does
+    last = MAX_UBATCH
+    for depth in range(1, 200_000, 997):  # never more rows deeper in, never past the bound or the floor
+        rows = attention_rows(depth, 12)
+        assert rows <= last and (rows == MIN_UBATCH or (-(-depth // 256) * 256) * rows * 12 * 4 <= ATTN_SCRATCH)
+        last = rows
+
+
+def test_a_step_beside_decoding_streams_keeps_some_prompt_rows():
+    """The engine cuts a prompt's piece by the room its depth leaves (PromptRows.room), never to
+    fewer than MIN_PROMPT_ROWS, and says up to which depth a prompt is read in whole micro-batches."""
+    rows = PromptRows(flash_attn=False, n_batch=512, n_head=12, n_ctx=32768)
+    assert rows.room(0, 1000) == 512
+    assert rows.room(4, 1000) == 508
+    assert rows.room(0, 30000) == 64
+    assert rows.room(100, 30000) == MIN_PROMPT_ROWS
+    depth = rows.full_depth()
+    assert attention_rows(depth, 12) == 512 and attention_rows(depth + 256, 12) < 512
+    assert rows.info() == f"matmul (micro-batches of 512, fewer past {depth} tokens)"
+    assert PromptRows(False, 512, 12, 2560).info() == "matmul (micro-batches of 512)"
+    flash = PromptRows(flash_attn=True, n_batch=512, n_head=12, n_ctx=32768)
+    assert flash.info() == "flash" and flash.room(100, 30000) >= 512 and flash.end(100, 0, 99) == 99
+
+
 def test_the_fit_check_counts_the_scores_without_flash_attention():
     m = info()
     with_fa, without = estimate(m, 32768, 4), estimate(m, 32768, 4, flash_attn=False)
@@ -74,9 +104,9 @@ def test_prefix_cache_entries_of_the_two_kernels_never_mix():
 
 
 def test_a_prompt_piece_never_leaves_its_last_token_alone_in_a_micro_batch():
-    """Without flash attention a prompt's last token computed alone gets other logits (engine.LAST_ROWS)."""
-    def ends(n: int, start: int, end: int, ub: int = 64) -> int:
-        return LlamaCppEngine._rows_end(SimpleNamespace(n_ubatch=ub), n, start, end)  # type: ignore[arg-type]
+    """Without flash attention a prompt's last token computed alone gets other logits (prompt_rows.LAST_ROWS)."""
+    def ends(n: int, start: int, end: int) -> int:
+        return PromptRows(flash_attn=False, n_batch=64, n_head=12, n_ctx=2048).end(n, start, end)
 
     assert ends(100, 0, 99) == 98  # one token would be left: two go together next step
     assert ends(100, 0, 100) == 100

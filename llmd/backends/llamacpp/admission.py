@@ -26,13 +26,6 @@ log = logging.getLogger("llmd.engine")
 # a run of at least this many tokens that a slot holds at other positions is moved rather than
 # computed again (fill-in-the-middle only: llama-server's --cache-reuse, which llama.vscode sets to 256)
 SHIFT_MIN_RUN = 64
-# Without flash attention llama.cpp computes a micro-batch holding one row of a sequence by another
-# kernel than one holding several (its matrix-product kernel needs two), and the attention of that
-# row comes out different: a prompt's last token computed alone after its prefix was reused gave
-# logits up to 0.52 away from the ones it got in the prompt's batch (SmolLM2, 37 tokens; two rows
-# or more: identical), so the same seeded request gave another text warm than cold. The fast
-# policy then computes at least this many of a prompt's last tokens together.
-LAST_ROWS = 2
 
 
 class Admission:
@@ -134,8 +127,8 @@ class Admission:
                 events.append(ErrorEvent(active.req.id, EngineError(
                     f"the engine failed to place the request ({type(err).__name__}: {err}); retry the request").to_wire()))
             return
-        if not e.flash_attn and reuse > len(active.prompt) - LAST_ROWS:  # (see LAST_ROWS)
-            reuse = max(0, len(active.prompt) - LAST_ROWS)
+        if reuse > len(active.prompt) - e.rows.last_rows:  # the prompt's last rows go with its sampling step
+            reuse = max(0, len(active.prompt) - e.rows.last_rows)
             slot.truncate(e._L, e.mem, reuse)
         active.cached = active.pos = reuse
         active.t_admitted = time.perf_counter()

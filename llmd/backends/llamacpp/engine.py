@@ -47,7 +47,7 @@ from llmd.backends.base import (
 )
 from llmd.backends.cpu_board import Claim
 from llmd.backends.crash_switch import CRASH_ENV
-from llmd.backends.llamacpp.admission import LAST_ROWS, Admission
+from llmd.backends.llamacpp.admission import Admission
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.chunks import ChunkGrid
 from llmd.backends.llamacpp.context import (
@@ -67,6 +67,7 @@ from llmd.backends.llamacpp.healing import Healer, spend
 from llmd.backends.llamacpp.idle_work import IdleWork
 from llmd.backends.llamacpp.kv_copy import PrefixCopier
 from llmd.backends.llamacpp.prefix_cache import Hit, PrefixCache
+from llmd.backends.llamacpp.prompt_rows import PromptRows
 from llmd.backends.llamacpp.sampler import SamplerChain, token_logprobs
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
@@ -79,7 +80,6 @@ from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
 from llmd.chat.tools import prepare_tools
 from llmd.errors import BadRequest, ContextOverflow, EngineError
-from llmd.models.memory import attention_ubatch
 from llmd.priority import rank as priority_rank
 
 log = logging.getLogger("llmd.engine")
@@ -146,11 +146,13 @@ class LlamaCppEngine:
         # with a unified buffer every token attends over the cells of every slot (masked), and since
         # fast keeps each slot's KV for reuse, cold prefill beside three filled slots ran at 169 tok/s
         # unified against 210 per slot; 4-stream decode 110 against 119 tok/s.
-        # Attention: flash_attention says which kernel and why; without flash attention the
-        # micro-batch is cut so its scores against a whole slot stay bounded (models/memory.py)
+        # Attention: flash_attention says which kernel and why; without flash attention each step's
+        # rows are cut by the depth they reach, so their scores stay bounded (models/memory.py): a
+        # cold prompt read in micro-batches of 512 while short went 1.2-1.3x faster than in the 64
+        # a whole 32k slot allows (benchmarks/attention.py --prefill)
         self.flash_attn = flash_attention(cfg.flash_attn, cfg.exact, cfg.gpu_layers)
-        self.n_ubatch = (self.n_batch if self.flash_attn
-                         else min(self.n_batch, attention_ubatch(cfg.n_ctx, L.llama_model_n_head(self.model))))
+        self.rows = PromptRows(self.flash_attn, self.n_batch, L.llama_model_n_head(self.model), cfg.n_ctx)
+        self.n_ubatch = self.rows.n_ubatch
         self.ctx = new_context(self.model, cfg.n_ctx * cfg.n_slots, self.n_batch, cfg.n_slots, threads,
                                unified=False, n_ubatch=self.n_ubatch, flash_attn=self.flash_attn)
         if not self.ctx:
@@ -253,7 +255,7 @@ class LlamaCppEngine:
             "chunk": self.chunk,
             "policy": "exact" if self.exact else "fast",
             "prefill_budget": self.budget,
-            "attention": "flash" if self.flash_attn else f"matmul (micro-batches of {self.n_ubatch})",
+            "attention": self.rows.info(),
             "threads": self.governor.most,
             "gpu_layers": min(self.cfg.gpu_layers, int(L.llama_model_n_layer(self.model)))
             if self._L.llama_supports_gpu_offload() else 0,
@@ -340,6 +342,7 @@ class LlamaCppEngine:
             # still to do when idle (snapshots being written included): benchmarks wait for it
             "idle_work": (self.idle.slot() is not None or self.idle.cost_pending()
                           or (self.prefix is not None and self.prefix.writing)),
+            "idle": self.idle.stats(self.requests_done),  # what idle work cost (issue 51)
             "threads": {**self.governor.info(), **({"threads": self._threads_now, "reason": self.share_reason}
                                                    if self._threads_now != self.governor.threads else {})},
             "speculation": self.spec.stats(),
@@ -377,6 +380,7 @@ class LlamaCppEngine:
             self.spec.draft.close()
         if self.embedder is not None:
             self.embedder.close()
+        self.idle.close()
         L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
@@ -564,6 +568,7 @@ class LlamaCppEngine:
                 rows.append((slot, [a.pending, *drafts], len(slot.tokens), -1))
                 n += 1 + len(drafts)
             budget = self.n_batch - n if not decoding else min(self.budget, self.n_batch - n)
+            deepest = max((len(s.tokens) + 1 + max(LENGTHS) for s in decoding), default=0)
             for slot in prefilling:
                 if budget <= 0:
                     break
@@ -571,8 +576,8 @@ class LlamaCppEngine:
                 assert a is not None
                 start = a.pos
                 end = self.grid.chunk_end(a.prompt, start) if self.exact else min(len(a.prompt), start + budget)
-                if not self.flash_attn:
-                    end = self._rows_end(len(a.prompt), start, end)
+                deepest = max(deepest, end)
+                end = self.rows.end(len(a.prompt), start, min(end, start + self.rows.room(n, deepest)))
                 rows.append((slot, a.prompt[start:end], start, end))
                 n += end - start
                 budget -= end - start
@@ -656,11 +661,11 @@ class LlamaCppEngine:
     def _kept_of_prompt(self, slot: Slot, pos: int, end: int) -> int:
         """After a prompt step given up part way: where the prompt's KV now ends (what llama.cpp
         kept of rows pos..end), its tokens recorded in the slot. Never the prompt's last rows: the
-        step that computes them also samples (LAST_ROWS together without flash attention)."""
+        step that computes them also samples (PromptRows.last_rows)."""
         a = slot.active
         assert a is not None
         kept = min(end, int(self._L.llama_memory_seq_pos_max(self.mem, slot.seq)) + 1,
-                   len(a.prompt) - (1 if self.flash_attn else LAST_ROWS))
+                   len(a.prompt) - self.rows.last_rows)
         if kept <= pos:
             return pos
         slot.tokens.extend(a.prompt[pos:kept])
@@ -689,18 +694,6 @@ class LlamaCppEngine:
         if drafts:
             self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
             self.spec.record(a, len(drafts), accepted)
-
-    def _rows_end(self, n_prompt: int, start: int, end: int) -> int:
-        """Where a prompt's piece [start, end) ends so that its last token is not computed alone in
-        a micro-batch (LAST_ROWS): neither one token left for a later step nor a piece whose last
-        micro-batch holds one row (as a lone prefill is split). A piece that would then be empty
-        (a budget of one token) keeps its end: the prompt goes on."""
-        cut = end
-        if 0 < n_prompt - cut < LAST_ROWS:
-            cut = n_prompt - LAST_ROWS
-        if cut == n_prompt and cut - start > 1 and (cut - start) % self.n_ubatch == 1:
-            cut -= LAST_ROWS  # the rest goes together in the next step
-        return cut if cut > start else end
 
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
         return slot.reusable(prompt, self.chunk, self.exact, self._is_eog)

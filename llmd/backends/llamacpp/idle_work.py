@@ -8,7 +8,10 @@
 
 Each is aborted by a command arriving from the daemon or another model's request on the CPU
 board (the engine's `_abort_cb`), so idle work never delays a request; what was aborted is retried
-when the engine is idle again.
+when the engine is idle again. The first three run on a thread at the OS's lowest priority
+(low_priority.py), so they take only CPU time no other program wants (issue 51: after each answer
+both cores stayed busy for seconds, and a program started then ran at half speed); their CPU
+seconds are counted for /llmd/status. The cost measurement stays at normal priority: it is a timing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmd.backends.llamacpp.slots import Slot
+from llmd.backends.low_priority import IdleThread
 
 if TYPE_CHECKING:
     from llmd.backends.llamacpp.engine import LlamaCppEngine
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
 class IdleWork:
     def __init__(self, engine: LlamaCppEngine) -> None:
         self.e = engine
+        self.low = IdleThread("llmd-idle-work")
 
     def cost_pending(self) -> bool:
         """Speculation still wants its cost measured, and every slot is free for it."""
@@ -56,15 +61,27 @@ class IdleWork:
         e = self.e
         slot = self.slot()
         if slot is not None and not e.waiting:
-            if e.exact and e.grid.reprefill_end(slot) is not None:
-                self._reprefill_chunk(slot)
-            elif not e.exact and slot.tail:
-                self._anticipate(slot)
-            elif e.prefix is not None:
-                with e.profiler.span("prefix_save"):
-                    e.prefix.save(e._L, e.ctx, e.mem, slot)
+            self.low.run(self._work_on, slot)
         elif self.cost_pending():
             self._measure_cost()
+
+    def _work_on(self, slot: Slot) -> None:
+        e = self.e
+        if e.exact and e.grid.reprefill_end(slot) is not None:
+            self._reprefill_chunk(slot)
+        elif not e.exact and slot.tail:
+            self._anticipate(slot)
+        elif e.prefix is not None:
+            with e.profiler.span("prefix_save"):
+                e.prefix.save(e._L, e.ctx, e.mem, slot)
+
+    def stats(self, answers: int) -> dict[str, object]:
+        """CPU seconds of idle work, in all and per answer, and the priority it runs at."""
+        return {"cpu_s": round(self.low.cpu_s, 2), "runs": self.low.runs, "priority": self.low.priority,
+                "cpu_s_per_answer": round(self.low.cpu_s / answers, 3) if answers else None}
+
+    def close(self) -> None:
+        self.low.close()
 
     def _reprefill_chunk(self, slot: Slot) -> None:
         """(exact) Recompute one whole chunk past `exact` as prefill would, dropping decode-time KV."""

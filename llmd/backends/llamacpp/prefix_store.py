@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 import sqlite_utils
 
+from llmd.backends.low_priority import lower_this_thread
 from llmd.db import open_cache_db
 
 log = logging.getLogger("llmd.prefix_cache")
@@ -278,6 +279,7 @@ class PrefixWriter:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        lower_this_thread(idle_class=True)  # writing a snapshot is idle work: no program waits for it (issue 51)
         store = PrefixStore(self._root, self._max, self._key)
         while True:
             with self._cv:
