@@ -1,8 +1,8 @@
 """The OS's lowest priority for what llmd computes for itself (issue 51: idle work that costs the
 desktop nothing).
 
-A thread is put at nice 19 or in Linux's SCHED_IDLE class: the scheduler then gives it about 1.5%
-(nice 19) or 0.3% (SCHED_IDLE) of a core that another program wants, and all of one nobody wants.
+A thread is put at nice 19: the scheduler then gives it about 1.5% of a core that another program
+wants (Linux's SCHED_IDLE class: 0.3%), and all of one nobody wants.
 It stays there for good, because an unprivileged thread cannot climb back (sched(7): RLIMIT_NICE),
 so idle work gets a thread of its own (`IdleThread`) rather than lowering and raising the step
 thread. llama.cpp's compute threads are started by the thread that decodes (OpenMP keeps a team
@@ -11,7 +11,8 @@ per calling thread) and inherit its priority, so a decode run there is low throu
 The idle-work thread takes nice 19 rather than SCHED_IDLE: the step thread waits for it, and a
 request arriving meanwhile is seen by its abort callback only when it runs, so its share under a
 busy desktop bounds how long that request waits (at nice 19, a slice every few hundred ms at
-worst). The prefix writer, which nothing waits for, takes SCHED_IDLE.
+worst). The prefix writer, which nothing waits for, was tried in SCHED_IDLE and fell behind under
+an agent's steady load (snapshots skipped): it stays at normal priority.
 """
 
 from __future__ import annotations
@@ -28,15 +29,9 @@ log = logging.getLogger("llmd.engine")
 T = TypeVar("T")
 
 
-def lower_this_thread(idle_class: bool = False) -> str:
-    """Put the calling thread (and the threads it starts from now on) at nice 19, or with
-    `idle_class` in SCHED_IDLE (nice 19 where that is refused); which, in words."""
-    if idle_class:
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread, on Linux
-            return "SCHED_IDLE"
-        except (AttributeError, OSError):
-            pass
+def lower_this_thread() -> str:
+    """Put the calling thread (and the threads it starts from now on) at nice 19; which priority
+    it got, in words."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         return "nice 19"

@@ -1,5 +1,5 @@
-"""Idle work runs at the OS's lowest priority (issue 51): the thread's niceness or class is what
-the OS reports, and the CPU seconds spent there are counted."""
+"""Idle work runs at nice 19 (issue 51): the thread's niceness is what the OS reports, the caller
+keeps its own, and the CPU seconds spent there are counted."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from llmd.backends.low_priority import IdleThread, lower_this_thread
+from llmd.backends.low_priority import IdleThread
 
 
 def test_the_idle_work_thread_runs_at_nice_19_and_counts_its_cpu():
@@ -28,17 +28,3 @@ def test_the_idle_work_thread_runs_at_nice_19_and_counts_its_cpu():
         assert low.runs == 2 and low.cpu_s >= 0.2
     finally:
         low.close()
-
-
-def test_the_prefix_writer_class_is_sched_idle():
-    got: list[object] = []
-
-    def body() -> None:
-        got.append(lower_this_thread(idle_class=True))
-        got.append(os.sched_getscheduler(0))
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    assert got == ["SCHED_IDLE", os.SCHED_IDLE]
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # only that thread

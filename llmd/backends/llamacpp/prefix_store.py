@@ -36,7 +36,6 @@ from typing import Any, TypeVar
 
 import sqlite_utils
 
-from llmd.backends.low_priority import lower_this_thread
 from llmd.db import open_cache_db
 
 log = logging.getLogger("llmd.prefix_cache")
@@ -279,7 +278,9 @@ class PrefixWriter:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        lower_this_thread(idle_class=True)  # writing a snapshot is idle work: no program waits for it (issue 51)
+        # normal priority, though it is idle work: in SCHED_IDLE it got no CPU while an agent's turns
+        # kept the cores busy, and 11,800-token snapshots (340 MB) were skipped as "the disk is behind";
+        # copying to the page cache is a small part of a snapshot's cost (the state copy runs at nice 19)
         store = PrefixStore(self._root, self._max, self._key)
         while True:
             with self._cv:
