@@ -106,6 +106,9 @@ def test_fast_anticipates_the_next_turn_header(http: httpx.Client):
     u = chat(http, turn2)["usage"]
     # "Thanks" + "<|im_end|>\n<|im_start|>assistant\n" is about 7 tokens
     assert u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] <= 9, u
+    # that prefill was idle work: run at nice 19 and counted (issue 51)
+    idle = http.get("/llmd/status").json()["loaded"][0]["stats"]["idle"]
+    assert idle["priority"] == "nice 19" and idle["runs"] >= 1 and idle["cpu_s"] > 0, idle
 
 
 def test_exact_prefix_reuse_gives_the_same_greedy_text(exact_http: httpx.Client):
