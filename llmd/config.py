@@ -150,6 +150,7 @@ class Settings:
     chunk: int = 64
     exact: bool = False
     prefill_budget: int = 128
+    min_share: float = 0.2  # of the CPU, for a class held back by a higher one (cpu_board.Turns)
     max_queue: int = 64
     max_body: int = 8 * 1024 * 1024
     backend: str = "auto"
@@ -214,6 +215,9 @@ SETTINGS: tuple[Setting, ...] = (
             "at a latency cost (docs/USAGE.md: Two batching policies); default: the fast policy"),
     Setting("prefill_budget", "prompt tokens prefilled per step while other streams decode (fast policy; "
             "with nothing else running a prompt goes in batches of 512)"),
+    Setting("min_share", "the least share of the CPU a model's requests get while another model's more "
+            "urgent ones run (an agent's prompt while an editor's completions keep coming): 0 to 0.5; "
+            "0 runs strictly by class"),
     Setting("max_queue", "requests waiting for a slot before the API answers 503"),
     Setting("max_body", "largest request body accepted, in bytes"),
     Setting("backend", "engine: auto (probe the machine), llama.cpp or tensorrt"),
@@ -293,6 +297,8 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
         raise ValueError(f"LLMD_REPACK={settings.repack!r}: use auto, on or off")
     if settings.flash_attn not in ("auto", "on", "off"):
         raise ValueError(f"LLMD_FLASH_ATTN={settings.flash_attn!r}: use auto, on or off")
+    if not 0.0 <= settings.min_share <= 0.5:
+        raise ValueError(f"LLMD_MIN_SHARE={settings.min_share}: use a share from 0 (strictly by class) to 0.5")
     if settings.max_loaded < 0:
         raise ValueError(f"setting max_loaded must be 0 (by memory) or a count, got {settings.max_loaded}")
     for name in ("port", "slots", "chunk", "max_queue", "max_body", "prefill_budget",

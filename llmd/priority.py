@@ -22,10 +22,15 @@ HEADER = "x-llmd-priority"
 AGING_S = 20.0
 
 
+def class_index(cls: str) -> int:
+    """The class's place in CLASSES (0 for a name that is none: interactive, as an unset class)."""
+    return CLASSES.index(cls) if cls in CLASSES else 0
+
+
 def rank(cls: str, waited_s: float) -> int:
     """Lower runs first: the class's place, less one for every whole AGING_S waited (within a rank
     the engine's own order holds: an editor's completion first, then the oldest)."""
-    return (CLASSES.index(cls) if cls in CLASSES else 0) - int(max(0.0, waited_s) // AGING_S)
+    return class_index(cls) - int(max(0.0, waited_s) // AGING_S)
 
 
 def _text_of(content: Any) -> str:

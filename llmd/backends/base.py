@@ -247,6 +247,7 @@ class EngineConfig:
     flash_attn: str = "auto"  # llama.cpp's flash-attention kernel: auto | on | off (context.flash_attention)
     exact: bool = False  # the exact batching policy (LLMD_EXACT); else the fast one
     prefill_budget: int = 128  # prompt tokens per step while other streams decode (fast policy)
+    min_share: float = 0.0  # of the CPU while another model's more urgent work runs (cpu_board.Turns)
     prefix_ram_bytes: int = 0  # in-memory tier of the prefix cache (recently evicted sequences)
 
 

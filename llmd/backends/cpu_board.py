@@ -12,7 +12,11 @@ waits: llmd.priority's order) and reads the others':
   (priority.AGING_S per class, so nothing is starved);
 - workers whose best work ranks level split the cores between them (`share`) instead of each
   running every thread against the others;
-- a worker with only its own idle work (anticipation, snapshots) pauses while any other works.
+- a worker with only its own idle work (anticipation, snapshots) pauses while any other works;
+- a worker held back takes a short turn now and then (`Turns`), so a lower class keeps a minimum
+  share of the CPU (LLMD_MIN_SHARE) while a person types: ranking alone let an agent's prompt
+  run one step in 40 s while an editor's completions kept coming (1 turn of an agent's 15 in
+  benchmarks/desktop.py). A claim on its turn pauses nobody; it splits the cores with the others.
 
 A row not written for STALE_S is ignored (a worker stopped by a signal or inside something that
 cannot write), and the daemon clears a row when its worker exits, so a dead worker pauses nobody.
@@ -31,8 +35,9 @@ from typing import Any
 from llmd.priority import CLASSES, rank
 
 ROWS = 32  # workers at once (models, standbys); a worker with no row runs unboarded, as before
-FIELDS = 4  # class index (or NaN: nothing), fim (1.0/0.0), waiting since, written at
+FIELDS = 5  # class index (or NaN: nothing), fim (1.0/0.0), waiting since, written at, on its turn (1.0/0.0)
 STALE_S = 5.0
+TURN_ROWS = 64  # a prompt's rows in a held-back worker's turn (Turns): about 1 s of the 1.5B on one thread
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class Claim:
     cls: str
     fim: bool
     since: float  # perf_counter when it arrived
+    turn: bool = False  # held back, it takes its turn now (Turns): it pauses nobody and shares the cores
 
     def key(self, now: float) -> tuple[int, bool]:
         """What orders workers: the rank (aged) and, among equals, an editor's completion first.
@@ -101,6 +107,7 @@ class CpuBoard:
         a[i + 1] = 1.0 if claim.fim else 0.0
         a[i + 2] = claim.since
         a[i + 3] = time.perf_counter() if now is None else now
+        a[i + 4] = 1.0 if claim.turn else 0.0
         a[i] = float(CLASSES.index(claim.cls))  # last: a reader never sees a class without its fields
 
     def claims(self, now: float, but: int | None = None) -> list[Claim]:
@@ -114,7 +121,7 @@ class CpuBoard:
             c = a[i]
             if math.isnan(c) or now - a[i + 3] > STALE_S or not 0 <= int(c) < len(CLASSES):
                 continue
-            out.append(Claim(CLASSES[int(c)], a[i + 1] > 0.5, a[i + 2]))
+            out.append(Claim(CLASSES[int(c)], a[i + 1] > 0.5, a[i + 2], a[i + 4] > 0.5))
         return out
 
     def verdict(self, row: int, mine: Claim | None, most: int, now: float | None = None) -> Verdict:
@@ -123,14 +130,19 @@ class CpuBoard:
         others = self.claims(now, but=row)
         if not others:
             return Verdict(False, most, 0, "")
-        best = min(c.key(now) for c in others)
         if mine is None:
             return Verdict(True, most, len(others), "only idle work, and another model has requests")
+        if mine.turn:  # its share while others rank above it: beside all of them
+            share = max(1, most // (1 + len(others)))
+            return Verdict(False, share, len(others), f"a turn of {mine.cls} work on {share} of {most} threads "
+                                                      "(the minimum share of a class held back)")
         key = mine.key(now)
-        if best < key:
-            top = min(others, key=lambda c: c.key(now))
+        ranked = [c for c in others if not c.turn]
+        if ranked and min(c.key(now) for c in ranked) < key:
+            top = min(ranked, key=lambda c: c.key(now))
             return Verdict(True, most, len(others), f"another model serves {'an editor' if top.fim else top.cls} work first")
-        level = 1 + sum(1 for c in others if c.key(now) == key)
+        # workers at the same rank split the cores, and so does one on its turn
+        level = 1 + sum(1 for c in others if c.turn or c.key(now) == key)
         share = max(1, most // level)
         return Verdict(False, share, len(others),
                        f"{share} of {most} threads beside {level - 1} other model(s) at the same priority" if level > 1 else "")
@@ -145,3 +157,38 @@ def board() -> CpuBoard:
     if _board is None:
         _board = CpuBoard()
     return _board
+
+
+class Turns:
+    """A held-back worker's minimum share (LLMD_MIN_SHARE): once it has waited long enough that a
+    turn as long as its last keeps it at `share` of the time, its next step is a turn (a short one:
+    the engine takes at most TURN_ROWS of a prompt), then it waits again. Waiting starts when it is
+    first held back and ends whenever it runs in its own right."""
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.held_since: float | None = None
+        self.last_turn_s = 0.5  # a first guess of a turn's length; each turn is timed
+        self.on = False
+        self._started = 0.0
+        self.turns = 0
+
+    def due(self, held: bool, now: float) -> bool:
+        """Called before each step with whether the board holds this worker back: True when this
+        step is its turn."""
+        if self.on:  # the last step was a turn: time it, and wait anew
+            self.on = False
+            self.last_turn_s = max(0.01, now - self._started)
+            self.held_since = now
+        if not held or self.share <= 0:
+            self.held_since = None
+            return False
+        if self.held_since is None:
+            self.held_since = now
+        wait = self.last_turn_s * (1 - self.share) / self.share
+        if now - self.held_since < wait:
+            return False
+        self.on, self._started = True, now
+        self.turns += 1
+        return True
+

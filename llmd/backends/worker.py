@@ -16,6 +16,7 @@ import queue as queue_mod
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from llmd.backends.base import (
@@ -33,9 +34,10 @@ from llmd.backends.base import (
     Stats,
     StatsRequest,
 )
-from llmd.backends.cpu_board import Claim, CpuBoard
+from llmd.backends.cpu_board import TURN_ROWS, Claim, CpuBoard, Turns
 from llmd.backends.cpu_board import board as cpu_board
 from llmd.errors import EngineCrashed, EngineError, LlmdError, from_wire
+from llmd.priority import CLASSES, class_index
 
 log = logging.getLogger("llmd.worker")
 _GONE = object()  # put in a handle's outbox once its worker has exited: the writer thread ends
@@ -57,12 +59,14 @@ YIELD_WAIT_S = 0.01
 
 
 def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = None,
-                board: CpuBoard | None = None, row: int | None = None) -> None:
+                board: CpuBoard | None = None, row: int | None = None, sent_by_class: Any = None) -> None:
     """Entry point of the worker process. With cfg None it is a standby: it imports the engine
     (llama_cpp and its shared library) now and waits for the EngineConfig of the next load, so a
     model switch does not pay for interpreter start and imports. `sent` counts the requests the daemon
     has handed over (shared memory, raised before each is written to the pipe). `board` and `row`:
-    the CPU board this worker shares with the other models' (cpu_board.py)."""
+    the CPU board this worker shares with the other models' (cpu_board.py). `sent_by_class`: the
+    generation requests handed over per llmd.priority class, so a prompt step can be given up for a
+    more urgent one before it is read."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s worker %(levelname)s %(message)s")
     try:
         cls = engine_class(backend)
@@ -87,6 +91,7 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
     conn.send(Loaded(engine.info()))
     last_sent = time.monotonic()
     received = 0  # requests read from the pipe
+    received_by_class = [0] * len(CLASSES)  # generation requests read, per class (sent_by_class)
 
     def pending() -> bool:
         """A request is on its way that this worker has not read yet: idle work yields to it at
@@ -95,8 +100,14 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
         step for one that had already arrived (13-38 ms of its first token on the 1.5B)."""
         return sent.value > received
 
+    def urgent(rank: int) -> bool:
+        """A generation request of a class ranked above `rank` is on its way (llmd.priority)."""
+        return any(sent_by_class[c] > received_by_class[c] for c in range(min(rank, len(CLASSES))))
+
     if sent is not None:
         engine.interrupt = pending
+    if sent_by_class is not None and hasattr(engine, "urgent"):
+        engine.urgent = urgent
 
     def heartbeat() -> None:  # inside a long call (a prompt step, embeddings): busy, not hung
         nonlocal last_sent
@@ -106,7 +117,7 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
 
     if hasattr(engine, "heartbeat"):
         engine.heartbeat = heartbeat
-    turn = BoardTurn(board, row, engine) if board is not None and row is not None else None
+    turn = (BoardTurn(board, row, engine, cfg.min_share) if board is not None and row is not None else None)
     try:
         while True:
             idle = not engine.has_work()
@@ -121,6 +132,7 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                 if isinstance(msg, GenerationRequest | EmbedRequest):
                     received += 1
                 if isinstance(msg, GenerationRequest):
+                    received_by_class[class_index(msg.priority)] += 1
                     engine.submit(msg)
                     if idle and msg.more_coming:
                         # Requests that arrived together reach us one by one (the daemon competes with
@@ -156,6 +168,10 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                     conn.send(Cleared(engine.clear_caches()))
                 elif isinstance(msg, Shutdown):
                     return
+            if sent_by_class is not None and sent.value == received:
+                # all read: the counts agree (a request whose class changed before it was pickled
+                # must not leave a phantom urgent one that gives up every later prompt step)
+                received_by_class[:] = sent_by_class[:]
             if turn is not None:  # again with what just arrived: a newcomer may have to wait, or outrank
                 paused = turn.paused(not engine.has_work())
             if paused:
@@ -180,19 +196,23 @@ PAUSED_POLL_S = 0.005  # a paused worker looks at the board again this often (an
 
 class BoardTurn:
     """A worker's use of the CPU board: publish what it holds, learn whether to step and on how many
-    threads. Engines without `claim` (TensorRT-LLM: its GPU is not the shared CPU) never pause."""
+    threads, and take its turns while held back (cpu_board.Turns). Engines without `claim`
+    (TensorRT-LLM: its GPU is not the shared CPU) never pause."""
 
-    def __init__(self, board: CpuBoard, row: int, engine: Any) -> None:
+    def __init__(self, board: CpuBoard, row: int, engine: Any, min_share: float = 0.0) -> None:
         self.board, self.row, self.engine = board, row, engine
         self._claim = getattr(engine, "claim", None)
         gov = getattr(engine, "governor", None)
         self.most = gov.most if gov is not None else 1
         self._mine: Claim | None = None
+        self.turns = Turns(min_share)
         if self._claim is not None:
             engine.outranked = self.outranked
+            engine.board_turns = self.turns
 
     def outranked(self) -> bool:
-        """Inside a step: keep this worker's row fresh, and say whether to give the step up."""
+        """Inside a step: keep this worker's row fresh, and say whether to give the step up (never
+        during its turn: the claim it published says so)."""
         self.board.publish(self.row, self._mine)
         return self.board.verdict(self.row, self._mine, self.most).pause
 
@@ -200,24 +220,36 @@ class BoardTurn:
         """Publish this worker's claim; True when it should not step now."""
         if self._claim is None:
             return False
+        now = time.perf_counter()
         if idle:
             self.board.clear(self.row)
+            self.turns.due(False, now)
             return False
         mine = self._mine = self._claim()
         self.board.publish(self.row, mine)
         v = self.board.verdict(self.row, mine, self.most)
+        turn = self.turns.due(v.pause and mine is not None, now)
+        if turn and mine is not None:
+            mine = self._mine = replace(mine, turn=True)
+            self.board.publish(self.row, mine)
+            v = self.board.verdict(self.row, mine, self.most)
+        self.engine.turn_rows = TURN_ROWS if turn else None
         self.engine.share = v.share if v.others else None
         self.engine.share_reason = v.why
         return v.pause
 
     def wait(self, mine: Claim, heartbeat: Callable[[], None]) -> None:
-        """Hold `mine` (work done in one call, such as an embedding batch) until it may run; the
-        claim stays on the board while that work runs (`done` clears it)."""
+        """Hold `mine` (work done in one call, such as an embedding batch's input) until it may run,
+        or its turn comes; the claim stays on the board while that work runs (`done` clears it)."""
         self.board.publish(self.row, mine)
         while self.board.verdict(self.row, mine, self.most).pause:
+            if self.turns.due(True, time.perf_counter()):
+                self.board.publish(self.row, replace(mine, turn=True))
+                return
             heartbeat()
             self.board.publish(self.row, mine)  # keep the row fresh while it waits
             time.sleep(PAUSED_POLL_S)
+        self.turns.due(False, time.perf_counter())
 
     def done(self) -> None:
         self.board.clear(self.row)
@@ -271,10 +303,12 @@ class WorkerHandle:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._sent = ctx.RawValue("Q", 0)  # requests handed to the writer (only submit writes it)
+        self._sent_by_class = ctx.RawArray("Q", len(CLASSES))  # generation requests of those, per class
         label = cfg.model_name if cfg else "standby"
         self._board = cpu_board()
         self._row = self._board.take()
-        self.process = ctx.Process(target=worker_main, args=(child, backend, cfg, self._sent, self._board, self._row),
+        self.process = ctx.Process(target=worker_main, args=(child, backend, cfg, self._sent, self._board, self._row,
+                                                                     self._sent_by_class),
                                    daemon=True, name=f"llmd-worker-{label}")
         self.process.start()
         child.close()
@@ -332,6 +366,8 @@ class WorkerHandle:
                 self._busy_since = time.monotonic()
             self._queues[req.id] = queue
             self._sent.value += 1  # idle work in the worker yields now, before the request is even read
+            if isinstance(req, GenerationRequest):  # and a less urgent prompt's step
+                self._sent_by_class[class_index(req.priority)] += 1
             self._outbox.put(req)
         return queue
 
@@ -409,6 +445,8 @@ class WorkerHandle:
                 if isinstance(msg, GenerationRequest | EmbedRequest):
                     with self._lock:
                         self._sent.value -= 1  # never arrives: the worker must not wait for it
+                        if isinstance(msg, GenerationRequest):
+                            self._sent_by_class[class_index(msg.priority)] -= 1
                 if isinstance(rid, str):
                     err = EngineError(f"llmd could not hand the request to the engine worker ({type(e).__name__}: {e})")
                     failed: list[Event] = [ErrorEvent(rid, err.to_wire())]

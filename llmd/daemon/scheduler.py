@@ -306,7 +306,7 @@ class Scheduler:
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
                            prefix_key_file=str(s.paths.prefix_key),
                            prefix_min_tokens=s.prefix_min_tokens, profile=s.profile, exact=s.exact,
-                           prefill_budget=s.prefill_budget, prefix_ram_bytes=s.prefix_ram_mb * 1024 * 1024,
+                           prefill_budget=s.prefill_budget, min_share=s.min_share, prefix_ram_bytes=s.prefix_ram_mb * 1024 * 1024,
                            speculation=s.speculation, flash_attn=s.flash_attn,
                            draft_path=(draft["hf_path"] if choice.backend == "tensorrt" else draft["path"]) if draft
                            else "")

@@ -89,6 +89,13 @@ def _complete(d: Daemon, prefix: str) -> httpx.Response:
         "model": CODER, "input_prefix": prefix, "input_suffix": "\n", "n_predict": 6, "temperature": 0})
 
 
+def _warm_both(d: Daemon) -> None:
+    """Both models loaded and warm, whatever ran before."""
+    assert _complete(d, "def half(x):\n    ").status_code == 200
+    assert httpx.post(d.url + "/v1/chat/completions", timeout=300, json={
+        "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).status_code == 200
+
+
 def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_on_another(two_models: Daemon):
     """An agent's ~6,000-token prompt is being read on SmolLM2 when the editor asks the coder model
     for a completion: the agent's worker gives its prompt step up and waits (the completion is
@@ -125,3 +132,84 @@ def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_
     loaded = _loaded(d)
     assert loaded["smollm2-135m"]["stats"]["preemptions"] >= 1, loaded["smollm2-135m"]["stats"]
     assert set(loaded) == {"smollm2-135m", CODER}
+
+
+def test_a_persons_chat_takes_the_cpu_from_an_agents_long_prompt_on_the_same_model(two_models: Daemon):
+    """An agent's ~6,000-token prompt is being read on SmolLM2 when a person asks the same model a
+    question: the prompt's step is given up between graph operations for it (step_watch.py; it
+    used to run to its end, 4-6 s on the 1.5B), the chat is answered first, then the agent's
+    prompt goes on (from the micro-batches it had finished: none, when the step was one)."""
+    import threading
+    import uuid
+
+    d = two_models
+    _warm_both(d)
+    before = _loaded(d)["smollm2-135m"]["stats"]
+    words = " ".join(f"file{i}.py" for i in range(900))  # about 6,000 tokens
+    agent: dict[str, float] = {}
+
+    def agents_turn() -> None:
+        r = httpx.post(d.url + "/v1/chat/completions", timeout=600, headers={"User-Agent": "claude-cli/2.1"}, json={
+            "model": "smollm2-135m", "max_tokens": 1, "tools": [TOOL],
+            "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} Which of these should I read? {words}"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > 5000, r.json()["usage"]
+        agent["done"] = time.monotonic()
+
+    t = threading.Thread(target=agents_turn)
+    t.start()
+    deadline = time.monotonic() + 60
+    while _loaded(d)["smollm2-135m"]["open_requests"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # its prompt is being read
+    r = httpx.post(d.url + "/v1/chat/completions", timeout=300, json={
+        "model": "smollm2-135m", "max_tokens": 4,
+        "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} Say hello."}]})
+    answered = time.monotonic()
+    t.join()
+    assert r.status_code == 200, r.text
+    assert answered < agent["done"], (answered, agent["done"])
+    after = _loaded(d)["smollm2-135m"]["stats"]
+    assert after["yields_to_urgent"] > before["yields_to_urgent"], after
+
+
+def test_a_background_request_finishes_under_a_steady_stream_of_an_editors_completions(two_models: Daemon):
+    """Two editors keep the coder model's completions coming back to back while an indexer's
+    background request (a ~600-token prompt) waits on SmolLM2: it is held back by class, takes
+    short turns for its minimum share (LLMD_MIN_SHARE, cpu_board.Turns) and finishes while the
+    completions go on being answered."""
+    import threading
+    import uuid
+
+    d = two_models
+    _warm_both(d)
+    before = _loaded(d)["smollm2-135m"]["stats"]["turns"]
+    done = threading.Event()
+    answered: list[float] = []
+
+    def editor(n: int) -> None:
+        while not done.is_set():
+            r = _complete(d, f"# {uuid.uuid4().hex}\ndef f{n}_{len(answered)}(x: int) -> int:\n    ")
+            assert r.status_code == 200, r.text
+            answered.append(time.monotonic())
+
+    editors = [threading.Thread(target=editor, args=(n,)) for n in range(2)]
+    for t in editors:
+        t.start()
+    try:
+        time.sleep(1.0)
+        # about 600 tokens: strictly by class it took 353 s at 2,000 (a turn now and then: 99 s)
+        words = " ".join(f"chunk{i}" for i in range(150))
+        r = httpx.post(d.url + "/v1/chat/completions", timeout=600,
+                       headers={"X-LLMD-Priority": "background", "User-Agent": "indexer/1"}, json={
+                           "model": "smollm2-135m", "max_tokens": 4,
+                           "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} Summarize: {words}"}]})
+        finished = time.monotonic()
+    finally:
+        done.set()
+        for t in editors:
+            t.join()
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > 500, r.json()["usage"]
+    assert any(a > finished - 2.0 for a in answered), "the editors' completions stopped while it ran"
+    assert _loaded(d)["smollm2-135m"]["stats"]["turns"] > before, _loaded(d)["smollm2-135m"]["stats"]

@@ -86,3 +86,34 @@ def test_a_worker_process_writes_the_daemons_rows():
     p.join(60)
     assert p.exitcode == 0
     assert b.claims(time.perf_counter()) == [Claim("agent", True, 5.0)]
+
+
+def test_a_held_back_worker_takes_short_turns_for_its_minimum_share():
+    """An agent's prompt held back by an editor's completions that keep coming: once it has waited
+    long enough for its share (a turn as long as the last, at 0.2: four times that), its next step
+    is a turn; then it waits again. Running in its own right resets the wait."""
+    from llmd.backends.cpu_board import Turns
+
+    t = Turns(0.2)
+    t.last_turn_s = 0.5  # a turn took 0.5 s: wait 2 s between turns
+    assert not t.due(True, 100.0)
+    assert not t.due(True, 101.9)
+    assert t.due(True, 102.0)  # its turn
+    assert not t.due(True, 102.5) and t.last_turn_s == 0.5  # timed: 0.5 s; the wait starts again
+    assert not t.due(True, 104.4) and t.due(True, 104.5)
+    assert not t.due(False, 105.0)  # it ran in its own right: no wait owed
+    assert not t.due(True, 105.1) and not t.due(True, 106.9) and t.due(True, 107.2)
+    assert t.turns == 3
+    assert not Turns(0.0).due(True, 0.0) and not Turns(0.0).due(True, 1e9)  # strictly by class
+
+
+def test_a_claim_on_its_turn_pauses_nobody_and_splits_the_cores():
+    agent, fim = Claim("agent", False, NOW - 5), Claim("interactive", True, NOW - 0.1)
+    b, (a, f) = board_with(agent, fim)
+    assert b.verdict(a, agent, 2, now=NOW).pause
+    on_turn = Claim("agent", False, NOW - 5, turn=True)
+    b.publish(a, on_turn, now=NOW)
+    v = b.verdict(a, on_turn, 2, now=NOW)
+    assert not v.pause and v.share == 1 and "turn" in v.why
+    v = b.verdict(f, fim, 2, now=NOW)  # the editor's model goes on, on the other core
+    assert not v.pause and v.share == 1

@@ -120,7 +120,7 @@ class Admission:
             log.exception("placing request %s in a slot failed", active.req.id)
             if slot is not None:
                 slot.active = active
-                e._fail(slot, events, f"the engine failed to place the request ({type(err).__name__}: {err}); "
+                e.replies.fail(slot, events, f"the engine failed to place the request ({type(err).__name__}: {err}); "
                                          "the model goes on serving: retry the request")
             else:
                 active.sampler.close()

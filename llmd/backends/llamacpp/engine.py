@@ -38,12 +38,8 @@ from llmd.backends.base import (
     EmbedRequest,
     EmbedResult,
     EngineConfig,
-    ErrorEvent,
     Event,
-    FinalEvent,
     GenerationRequest,
-    TokenEvent,
-    Usage,
 )
 from llmd.backends.cpu_board import Claim
 from llmd.backends.crash_switch import CRASH_ENV
@@ -63,14 +59,16 @@ from llmd.backends.llamacpp.context import (
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
 from llmd.backends.llamacpp.grammar import grammar_for, grammar_for_tools
-from llmd.backends.llamacpp.healing import Healer, spend
+from llmd.backends.llamacpp.healing import Healer
 from llmd.backends.llamacpp.idle_work import IdleWork
 from llmd.backends.llamacpp.kv_copy import PrefixCopier
 from llmd.backends.llamacpp.prefix_cache import Hit, PrefixCache
 from llmd.backends.llamacpp.prompt_rows import PromptRows
-from llmd.backends.llamacpp.sampler import SamplerChain, token_logprobs
+from llmd.backends.llamacpp.replies import Replies
+from llmd.backends.llamacpp.sampler import SamplerChain
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
+from llmd.backends.llamacpp.step_watch import StepWatch
 from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
@@ -91,9 +89,6 @@ STEP_BACKOFF_MAX_S = 2.0  # the longest pause after engine steps that failed in 
 # after the first request of a burst, a step yields to a newcomer (aborted, its KV removed) and
 # the next one takes them all: a lone request never waits, a burst loses at most this much work.
 JOIN_S = 0.05
-# how often a prompt step reads the CPU board between its graph operations (a read costs tens of
-# microseconds; a step calls back hundreds of times)
-BOARD_CHECK_S = 0.01
 
 
 def _key(path: str) -> bytes:
@@ -178,12 +173,14 @@ class LlamaCppEngine:
         # set by the worker: refreshes this engine's row on the board and says whether another model's
         # work now ranks above all of this one's (a prompt step is then given up between operations)
         self.outranked: Callable[[], bool] | None = None
+        # set by the worker: is a request of a class ranked above this on its way (not yet read)?
+        self.urgent: Callable[[int], bool] | None = None
+        # set by the worker before each step: a held-back model's turn takes at most this many prompt
+        # rows (cpu_board.Turns), so the more urgent model beside it waits little
+        self.turn_rows: int | None = None
+        self.board_turns: Any = None  # the worker's cpu_board.Turns, for stats
         # set by the worker for each embedding request: waits until the board lets it go on
         self.embed_turn: Callable[[], None] | None = None
-        self._board_checked = 0.0
-        self._preempting = False
-        self.preemptions = 0  # prompt steps given up for another model's more urgent work
-        self.preempted_kept = 0  # prompt tokens those steps had computed and kept
 
         self.bos = L.llama_vocab_bos(self.vocab)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -203,6 +200,7 @@ class LlamaCppEngine:
         self.slots = [Slot(seq=i) for i in range(cfg.n_slots)]
         self.idle = IdleWork(self)  # what the engine does for itself between requests (idle_work.py)
         self.admission = Admission(self)  # waiting requests into free slots (admission.py)
+        self.replies = Replies(self)  # sampling, acceptance, finishing (replies.py)
         self.grid = ChunkGrid(cfg.chunk, self._is_eog)
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self.reading: list[tuple[Active, Future[Hit | None]]] = []  # prepared, their prefix being read from disk
@@ -213,13 +211,11 @@ class LlamaCppEngine:
         self.profiler = Profiler(cfg.profile, nvtx_ranges=cfg.gpu_layers > 0)
         self.interrupt: Callable[[], bool] | None = None  # set by the worker: is a command waiting?
         self.heartbeat: Callable[[], None] | None = None  # set by the worker: "still working" for long calls
+        self.watch = StepWatch(self)  # when a running step is given up, and for whom (step_watch.py)
         self._abort_cb = L.ggml_abort_callback(
-            lambda _data: bool(self.interrupt and self.interrupt()) or self._board_says_yield())
-        self._join_until = 0.0  # a step started before this yields to a newcomer (JOIN_S)
-        self._joinable = False  # the running step may be given up for a newcomer
-        self._step_cb = L.ggml_abort_callback(lambda _data: self._step_watch())
+            lambda _data: bool(self.interrupt and self.interrupt()) or self.watch.board_says_yield())
+        self._step_cb = L.ggml_abort_callback(lambda _data: self.watch())
         self.yielded = False  # the last step was given up for a newcomer: the worker waits for it a moment
-        self.joins = 0  # steps given up so that requests that arrived together share one
         self.prefix = (PrefixCache(cfg.prefix_dir, cfg.prefix_max_bytes, cfg.prefix_ram_bytes, cfg.model_digest,
                                    cfg.chunk, cfg.exact, cfg.prefix_min_tokens, _key(cfg.prefix_key_file),
                                    self.flash_attn)
@@ -348,9 +344,8 @@ class LlamaCppEngine:
             "speculation": self.spec.stats(),
             "prefix_cache": self.prefix.info() if self.prefix is not None else {"enabled": False},
             "kv_copies": self.copier.info(),
-            "joins": self.joins,
-            "preemptions": self.preemptions,
-            "preempted_tokens_kept": self.preempted_kept,
+            **self.watch.info(),  # steps given up: joins, preemptions, yields to urgent requests
+            "turns": self.board_turns.turns if self.board_turns is not None else 0,  # held back, its share
             "profile": self.profiler.summary(),
         }
 
@@ -405,7 +400,7 @@ class LlamaCppEngine:
                 log.exception("an engine step failed (%d in a row); failing the %d requests it held and serving on",
                               self._failed_steps, len(held))
             for slot in held:
-                self._fail(slot, events, f"the engine failed during this request ({type(e).__name__}: {e}); "
+                self.replies.fail(slot, events, f"the engine failed during this request ({type(e).__name__}: {e}); "
                                          "the model goes on serving: retry the request")
             time.sleep(min(STEP_BACKOFF_MAX_S, 0.01 * 2 ** min(self._failed_steps, 10)))
             return events
@@ -417,7 +412,7 @@ class LlamaCppEngine:
         was_idle = not any(s.active for s in self.slots)
         self.admission.admit(events)
         if was_idle and any(s.active for s in self.slots):
-            self._join_until = t0 + JOIN_S
+            self.watch.join_until = t0 + JOIN_S
         self.yielded = False
         # by priority (llmd.priority), an editor's completion first among equals (it is worth
         # something only before the next keystroke), then oldest first; a prompt of a lower class
@@ -480,7 +475,7 @@ class LlamaCppEngine:
     def _release_cancelled(self, events: list[Event]) -> None:
         for slot in self.slots:
             if slot.active and slot.active.cancelled:
-                self._finish(slot, "cancelled", events, flush=False)
+                self.replies.finish(slot, "cancelled", events, flush=False)
 
     def _chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         pieces = self.template.render_pieces(messages, tools)
@@ -568,6 +563,8 @@ class LlamaCppEngine:
                 rows.append((slot, [a.pending, *drafts], len(slot.tokens), -1))
                 n += 1 + len(drafts)
             budget = self.n_batch - n if not decoding else min(self.budget, self.n_batch - n)
+            if self.turn_rows is not None:
+                budget = min(budget, self.turn_rows)
             deepest = max((len(s.tokens) + 1 + max(LENGTHS) for s in decoding), default=0)
             for slot in prefilling:
                 if budget <= 0:
@@ -597,17 +594,18 @@ class LlamaCppEngine:
             self.batch.n_tokens = n
         self._threads_for(n)
         # (exact prefills one chunk a step, oldest first: a newcomer could not share it)
-        joinable = not self.exact and t_step < self._join_until and self.interrupt is not None
+        joinable = not self.exact and t_step < self.watch.join_until and self.interrupt is not None
         # a prompt's step is watched between its graph operations (a Python call each: a few ms a
-        # step, too much for a decode alone of ~40 ms, nothing beside a prefill's seconds)
+        # step, too much for a decode alone of ~40 ms, nothing beside a prefill's seconds); it is
+        # given up for a request of a class above its prompts' (step_watch.py)
         watched = joinable or bool(parts)
         with prof.span("prefill" if parts else "decode"):
             t0 = time.perf_counter()
             if watched:
-                self._joinable = joinable
+                self.watch.start(joinable, min((self._rank(p[0].active, t_step) for p in parts if p[0].active),
+                                               default=None))
                 self._L.llama_set_abort_callback(self.ctx, self._step_cb, None)
             try:
-                self._preempting = False
                 rc = self._decode()
             finally:
                 if watched:
@@ -616,24 +614,26 @@ class LlamaCppEngine:
                 self.spec.observe(n, time.perf_counter() - t0)
             elif rc == 0 and parts and not decoding:
                 self.copier.observe_prefill(n, time.perf_counter() - t0)
-        if rc == 2 and (joinable or self._preempting):
+        w = self.watch
+        if rc == 2 and (joinable or w.preempting):
             # given up for a request that arrived with these (none of its KV stays: they share the
-            # next step), or for another model's more urgent work: llama.cpp keeps the micro-batches
-            # it finished, and a prompt keeps them (the exact policy's chunks are computed whole)
-            keep = self._preempting and not self.exact
+            # next step), or for more urgent work (another model's, or a request on its way here):
+            # llama.cpp keeps the micro-batches it finished, and a prompt keeps them (the exact
+            # policy's chunks are computed whole)
+            keep = w.preempting and not self.exact
             for slot, _, pos, end in rows:
                 kept = self._kept_of_prompt(slot, pos, end) if keep and end >= 0 else pos
                 self._L.llama_memory_seq_rm(self.mem, slot.seq, kept, -1)
-            if self._preempting:
-                self.preemptions += 1
+            # for a request on its way the worker waits a moment for it, as for a join
+            self.yielded = not w.preempting or w.for_newcomer
+            if w.preempting:
+                w.given_up()
             else:
-                self.yielded = True
-                self.joins += 1
-            self._preempting = False
+                w.joins += 1
             return
         if rc != 0:
             for slot in [*decoding, *(p[0] for p in parts)]:
-                self._fail(slot, events, f"llama_decode returned {rc} for a batch of {n} tokens")
+                self.replies.fail(slot, events, f"llama_decode returned {rc} for a batch of {n} tokens")
             return
         done_at = time.perf_counter()
         for slot in [*decoding, *(p[0] for p in parts)]:
@@ -649,11 +649,11 @@ class LlamaCppEngine:
             if end == len(a.prompt):
                 a.t_prefill_done = time.perf_counter()
                 if a.max_tokens == 0:  # warming the cache: the prompt's KV is what was asked for
-                    self._finish(slot, "length", events)
+                    self.replies.finish(slot, "length", events)
                 else:
-                    self._sample(slot, row + end - start - 1, events)
+                    self.replies.sample(slot, row + end - start - 1, events)
         for slot, row, drafts in plan:
-            self._accept(slot, row, drafts, events)
+            self.replies.accept(slot, row, drafts, events)
         if lone is not None and not parts:  # a lone stream: what each drafter gains, measured live
             self.spec.note_lone_step(lone.last_drafter if plan[0][2] else "", lone.n_gen - lone_gen,
                                      time.perf_counter() - t_step)
@@ -669,31 +669,10 @@ class LlamaCppEngine:
         if kept <= pos:
             return pos
         slot.tokens.extend(a.prompt[pos:kept])
-        self.preempted_kept += kept - pos
+        self.watch.kept += kept - pos
         a.pos = kept
         a.t_progress = time.perf_counter()
         return kept
-
-    def _accept(self, slot: Slot, row: int, drafts: list[int], events: list[Event]) -> None:
-        a = slot.active
-        assert a is not None and a.pending is not None
-        slot.tokens.append(a.pending)
-        a.pending = None
-        accepted = 0
-        a.drafted += len(drafts)  # counted before sampling: the last sample may finish the reply
-        for j in range(len(drafts) + 1):
-            if not self._sample(slot, row + j, events):
-                break
-            if j < len(drafts) and a.pending == drafts[j]:
-                slot.tokens.append(drafts[j])  # its KV is already in place
-                a.pending = None
-                accepted += 1
-                continue
-            break
-        a.accepted += accepted
-        if drafts:
-            self._L.llama_memory_seq_rm(self.mem, slot.seq, len(slot.tokens), -1)
-            self.spec.record(a, len(drafts), accepted)
 
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
         return slot.reusable(prompt, self.chunk, self.exact, self._is_eog)
@@ -706,114 +685,6 @@ class LlamaCppEngine:
         assert a is not None and a.pending is not None
         room = min(a.max_tokens - a.n_gen - 1, a.n_ctx - len(slot.tokens) - 2)
         return Job(a, slot.seq, [*slot.tokens, a.pending], room)
-
-    def _sample(self, slot: Slot, row: int, events: list[Event]) -> bool:
-        """Sample, emit and account one token; True when the request goes on (token pending)."""
-        a = slot.active
-        assert a is not None
-        with self.profiler.span("sample"):
-            if a.heal:
-                self.healer.restrict(self._L, self.ctx, row, self.healer.allowed(a.heal))
-            token = a.sampler.sample(self.ctx, row)
-        if a.req.top_logprobs is not None:
-            a.logprobs.append(token_logprobs(self.ctx, row, token, self.n_vocab, a.req.top_logprobs,
-                                             lambda t: self._piece(t).decode("utf-8", "replace")))
-        now = time.perf_counter()
-        step = now - a.t_last if a.n_gen > 0 else 0.0  # the last token's time: the next one's, about
-        if a.n_gen == 0:
-            a.t_first = now
-        a.n_gen += 1
-        a.t_last = now
-        if self._L.llama_vocab_is_eog(self.vocab, token):
-            a.n_gen -= 1  # the end-of-generation token is not part of the reply
-            self._finish(slot, "stop", events, eog=True)
-            return False
-        with self.profiler.span("detokenize"):
-            # with tools, marker tokens (<tool_call>, [TOOL_CALLS]...) are text the reply parser reads
-            piece = self._piece(token, special=bool(a.req.tools))
-            if a.heal:
-                a.heal, piece = spend(a.heal, piece)
-            text, stopped = a.text.push(piece)
-        if text:
-            events.append(TokenEvent(a.req.id, text, 1, tuple(a.logprobs), dropped_messages=a.first_news()))
-            a.logprobs.clear()
-        if stopped:
-            self._finish(slot, "stop", events, flush=False)
-            return False
-        a.pending = token
-        # answer now when the next token would come after reply_within_s
-        late = a.req.reply_within_s is not None and a.told and now + step - a.t_received >= a.req.reply_within_s
-        if (a.n_gen >= a.max_tokens or late) and a.req.propose_tokens > 0 and not a.proposing:
-            # the reply ends here; a FIM proposal decodes on in the same slot (no prompt computed again)
-            events.append(TokenEvent(a.req.id, "", 0, reply_end=self._usage(a)))
-            a.proposing, a.max_tokens = True, max(a.max_tokens, a.n_gen) + a.req.propose_tokens
-        if a.n_gen >= a.max_tokens or len(slot.tokens) + 1 >= a.n_ctx:
-            self._finish(slot, "length", events)
-            return False
-        return True
-
-    def _finish(self, slot: Slot, reason: str, events: list[Event], flush: bool = True, eog: bool = False) -> None:
-        a = slot.active
-        assert a is not None
-        if flush:
-            rest = a.text.flush()
-            if rest or a.logprobs:
-                events.append(TokenEvent(a.req.id, rest, 0, tuple(a.logprobs), dropped_messages=a.first_news()))
-        events.append(FinalEvent(a.req.id, reason, self._usage(a)))
-        a.sampler.close()
-        slot.active = None
-        slot.last_used = time.monotonic()
-        # anticipatory prefill, when idle: the next turn's header after the reply as the client got it
-        # (ended by the model, or cut at max_tokens: then its last token is not in the KV yet)
-        ends = [] if eog else [a.pending] if reason == "length" and a.pending is not None else None
-        if (ends is not None and not self.exact and a.req.messages is not None and not a.req.raw
-                and self._next_turn and len(slot.tokens) + len(ends) + len(self._next_turn) < a.n_ctx):
-            slot.tail = [*ends, *self._next_turn]
-        self.requests_done += 1
-
-    @staticmethod
-    def _usage(a: Active) -> Usage:
-        t_end = a.t_last or time.perf_counter()
-        return Usage(
-            prompt_tokens=len(a.prompt),
-            completion_tokens=a.n_gen,
-            cached_tokens=a.cached,
-            ttft_s=(a.t_first - a.t_received) if a.t_first else 0.0,
-            prefill_s=(a.t_prefill_done - a.t_received) if a.t_prefill_done else 0.0,
-            decode_s=(t_end - a.t_first) if a.t_first else 0.0,
-            queue_s=(a.t_admitted - a.t_received) if a.t_admitted else 0.0,
-            drafted_tokens=a.drafted,
-            accepted_tokens=a.accepted,
-            dropped_messages=a.dropped,
-        )
-
-    def _fail(self, slot: Slot, events: list[Event], message: str) -> None:
-        a = slot.active
-        assert a is not None
-        events.append(ErrorEvent(a.req.id, EngineError(message).to_wire()))
-        a.sampler.close()
-        slot.active = None
-        slot.forget(self._L, self.mem)  # the sequence's KV may be partly written
-
-    def _step_watch(self) -> bool:
-        """Between a watched step's graph operations: tell the daemon the worker is still working
-        (hundreds of prompt tokens in one step of a large model on a few cores can outlast
-        LLMD_HANG_S), and give the step up (True) for a request that arrived with it (JOIN_S)."""
-        if self.heartbeat is not None:
-            self.heartbeat()
-        if self._board_says_yield():
-            self._preempting = True
-            return True
-        return (self._joinable and time.perf_counter() < self._join_until
-                and bool(self.interrupt and self.interrupt()))
-
-    def _board_says_yield(self) -> bool:
-        """Another model's work ranks above all of this engine's (read at most every BOARD_CHECK_S)."""
-        now = time.perf_counter()
-        if self.outranked is None or now - self._board_checked < BOARD_CHECK_S:
-            return False
-        self._board_checked = now
-        return self.outranked()
 
     def _warm_up(self) -> int:
         """Run every kernel a request will, so one that crashes does so while loading (context.warm_up).
