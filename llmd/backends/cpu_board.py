@@ -124,6 +124,11 @@ class CpuBoard:
             out.append(Claim(CLASSES[int(c)], a[i + 1] > 0.5, a[i + 2], a[i + 4] > 0.5))
         return out
 
+    def turn_taken(self, row: int, now: float | None = None) -> bool:
+        """Another worker is on its turn: one at a time, or three workers would run on two cores
+        (every graph barrier of each then waits for a thread the others hold)."""
+        return any(c.turn for c in self.claims(time.perf_counter() if now is None else now, but=row))
+
     def verdict(self, row: int, mine: Claim | None, most: int, now: float | None = None) -> Verdict:
         """Whether the worker in `row` should step now, and on how many threads."""
         now = time.perf_counter() if now is None else now
@@ -173,8 +178,9 @@ class Turns:
         self._started = 0.0
         self.turns = 0
 
-    def due(self, held: bool, now: float) -> bool:
-        """Called before each step with whether the board holds this worker back: True when this
+    def due(self, held: bool, now: float, taken: bool = False) -> bool:
+        """Called before each step with whether the board holds this worker back (and whether
+        another worker is on its turn now: then this one's waits until that ends): True when this
         step is its turn."""
         if self.on:  # the last step was a turn: time it, and wait anew
             self.on = False
@@ -186,7 +192,7 @@ class Turns:
         if self.held_since is None:
             self.held_since = now
         wait = self.last_turn_s * (1 - self.share) / self.share
-        if now - self.held_since < wait:
+        if now - self.held_since < wait or taken:
             return False
         self.on, self._started = True, now
         self.turns += 1

@@ -228,7 +228,7 @@ class BoardTurn:
         mine = self._mine = self._claim()
         self.board.publish(self.row, mine)
         v = self.board.verdict(self.row, mine, self.most)
-        turn = self.turns.due(v.pause and mine is not None, now)
+        turn = self.turns.due(v.pause and mine is not None, now, self.board.turn_taken(self.row, now))
         if turn and mine is not None:
             mine = self._mine = replace(mine, turn=True)
             self.board.publish(self.row, mine)
@@ -243,7 +243,8 @@ class BoardTurn:
         or its turn comes; the claim stays on the board while that work runs (`done` clears it)."""
         self.board.publish(self.row, mine)
         while self.board.verdict(self.row, mine, self.most).pause:
-            if self.turns.due(True, time.perf_counter()):
+            now = time.perf_counter()
+            if self.turns.due(True, now, self.board.turn_taken(self.row, now)):
                 self.board.publish(self.row, replace(mine, turn=True))
                 return
             heartbeat()

@@ -117,3 +117,17 @@ def test_a_claim_on_its_turn_pauses_nobody_and_splits_the_cores():
     assert not v.pause and v.share == 1 and "turn" in v.why
     v = b.verdict(f, fim, 2, now=NOW)  # the editor's model goes on, on the other core
     assert not v.pause and v.share == 1
+
+
+def test_one_turn_at_a_time():
+    """Two held-back workers (an agent's and an indexer's) beside an editor's: the second waits for
+    the first's turn to end, so no more than two run on two cores."""
+    from llmd.backends.cpu_board import Turns
+
+    agent, bg, fim = (Claim("agent", False, NOW - 5, turn=True), Claim("background", False, NOW - 9),
+                      Claim("interactive", True, NOW))
+    b, (a, g, f) = board_with(agent, bg, fim)
+    assert b.turn_taken(g, now=NOW) and not b.turn_taken(a, now=NOW)
+    t = Turns(0.2)
+    t.last_turn_s = 0.1
+    assert not t.due(True, 100.0) and not t.due(True, 101.0, taken=True) and t.due(True, 101.1)
