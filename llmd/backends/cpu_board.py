@@ -177,6 +177,7 @@ class Turns:
         self.on = False
         self._started = 0.0
         self.turns = 0
+        self.held = 0  # times another model's work held this one back (a pause between steps)
 
     def due(self, held: bool, now: float, taken: bool = False) -> bool:
         """Called before each step with whether the board holds this worker back (and whether
@@ -186,11 +187,14 @@ class Turns:
             self.on = False
             self.last_turn_s = max(0.01, now - self._started)
             self.held_since = now
-        if not held or self.share <= 0:
+        if not held:
             self.held_since = None
             return False
         if self.held_since is None:
             self.held_since = now
+            self.held += 1
+        if self.share <= 0:
+            return False
         wait = self.last_turn_s * (1 - self.share) / self.share
         if now - self.held_since < wait or taken:
             return False

@@ -130,7 +130,9 @@ def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_
     assert r.status_code == 200 and r.json()["content"], r.text
     assert answered < agent["done"], (answered, agent["done"])
     loaded = _loaded(d)
-    assert loaded["smollm2-135m"]["stats"]["preemptions"] >= 1, loaded["smollm2-135m"]["stats"]
+    # it gave its step up, or (the completion arrived between two steps) paused before the next one
+    stats = loaded["smollm2-135m"]["stats"]
+    assert stats["preemptions"] >= 1 or stats["held_back"] >= 1, stats
     assert set(loaded) == {"smollm2-135m", CODER}
 
 

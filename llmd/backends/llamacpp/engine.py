@@ -346,6 +346,7 @@ class LlamaCppEngine:
             "kv_copies": self.copier.info(),
             **self.watch.info(),  # steps given up: joins, preemptions, yields to urgent requests
             "turns": self.board_turns.turns if self.board_turns is not None else 0,  # held back, its share
+            "held_back": self.board_turns.held if self.board_turns is not None else 0,  # paused between steps
             "profile": self.profiler.summary(),
         }
 
