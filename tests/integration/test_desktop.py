@@ -4,7 +4,9 @@ engine serves a higher class first, and status says which app used which model a
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -96,17 +98,9 @@ def _warm_both(d: Daemon) -> None:
         "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).status_code == 200
 
 
-def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_on_another(two_models: Daemon):
-    """An agent's ~6,000-token prompt is being read on SmolLM2 when the editor asks the coder model
-    for a completion: the agent's worker gives its prompt step up and waits (the completion is
-    answered before the agent's prompt is read), then goes on; both models stay loaded."""
-    import threading
-    import uuid
-
-    d = two_models
-    assert _complete(d, "def half(x):\n    ").status_code == 200  # both loaded and warm first
-    assert httpx.post(d.url + "/v1/chat/completions", timeout=300, json={
-        "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).status_code == 200
+def _agent_reading(d: Daemon, settle_s: float) -> tuple[threading.Thread, dict[str, float]]:
+    """An agent's turn with a ~6,000-token prompt sent to SmolLM2 on a thread, returned once its
+    prompt has been read for `settle_s`; `agent["done"]` is when it was answered."""
     words = " ".join(f"file{i}.py" for i in range(900))  # about 6,000 tokens
     agent: dict[str, float] = {}
 
@@ -123,7 +117,19 @@ def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_
     deadline = time.monotonic() + 60
     while _loaded(d)["smollm2-135m"]["open_requests"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)  # its prompt is being read
+    time.sleep(settle_s)  # its prompt is being read
+    return t, agent
+
+
+def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_on_another(two_models: Daemon):
+    """An agent's ~6,000-token prompt is being read on SmolLM2 when the editor asks the coder model
+    for a completion: the agent's worker gives its prompt step up and waits (the completion is
+    answered before the agent's prompt is read), then goes on; both models stay loaded."""
+    d = two_models
+    assert _complete(d, "def half(x):\n    ").status_code == 200  # both loaded and warm first
+    assert httpx.post(d.url + "/v1/chat/completions", timeout=300, json={
+        "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).status_code == 200
+    t, agent = _agent_reading(d, 1.0)
     r = _complete(d, f"# {uuid.uuid4().hex}\ndef double(x: int) -> int:\n    ")
     answered = time.monotonic()
     t.join()
@@ -141,29 +147,10 @@ def test_a_persons_chat_takes_the_cpu_from_an_agents_long_prompt_on_the_same_mod
     question: the prompt's step is given up between graph operations for it (step_watch.py; it
     used to run to its end, 4-6 s on the 1.5B), the chat is answered first, then the agent's
     prompt goes on (from the micro-batches it had finished: none, when the step was one)."""
-    import threading
-    import uuid
-
     d = two_models
     _warm_both(d)
     before = _loaded(d)["smollm2-135m"]["stats"]
-    words = " ".join(f"file{i}.py" for i in range(900))  # about 6,000 tokens
-    agent: dict[str, float] = {}
-
-    def agents_turn() -> None:
-        r = httpx.post(d.url + "/v1/chat/completions", timeout=600, headers={"User-Agent": "claude-cli/2.1"}, json={
-            "model": "smollm2-135m", "max_tokens": 1, "tools": [TOOL],
-            "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} Which of these should I read? {words}"}]})
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["prompt_tokens"] > 5000, r.json()["usage"]
-        agent["done"] = time.monotonic()
-
-    t = threading.Thread(target=agents_turn)
-    t.start()
-    deadline = time.monotonic() + 60
-    while _loaded(d)["smollm2-135m"]["open_requests"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # its prompt is being read
+    t, agent = _agent_reading(d, 0.5)
     r = httpx.post(d.url + "/v1/chat/completions", timeout=300, json={
         "model": "smollm2-135m", "max_tokens": 4,
         "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} Say hello."}]})
@@ -180,9 +167,6 @@ def test_a_background_request_finishes_under_a_steady_stream_of_an_editors_compl
     background request (a ~600-token prompt) waits on SmolLM2: it is held back by class, takes
     short turns for its minimum share (LLMD_MIN_SHARE, cpu_board.Turns) and finishes while the
     completions go on being answered."""
-    import threading
-    import uuid
-
     d = two_models
     _warm_both(d)
     before = _loaded(d)["smollm2-135m"]["stats"]["turns"]
