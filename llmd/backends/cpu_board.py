@@ -37,6 +37,10 @@ from llmd.priority import CLASSES, rank
 ROWS = 32  # workers at once (models, standbys); a worker with no row runs unboarded, as before
 FIELDS = 5  # class index (or NaN: nothing), fim (1.0/0.0), waiting since, written at, on its turn (1.0/0.0)
 STALE_S = 5.0
+# An editor's completion goes ahead of same-class work on another model for this long of that
+# work's wait, then they split the cores: with the lead unbounded a person's chat beside someone
+# typing waited for aging to raise it (chat p90 25 s against 0.53 s alone in benchmarks/desktop.py)
+FIM_LEAD_S = 1.0
 TURN_ROWS = 64  # a prompt's rows in a held-back worker's turn (Turns): about 1 s of the 1.5B on one thread
 
 
@@ -50,9 +54,10 @@ class Claim:
     turn: bool = False  # held back, it takes its turn now (Turns): it pauses nobody and shares the cores
 
     def key(self, now: float) -> tuple[int, bool]:
-        """What orders workers: the rank (aged) and, among equals, an editor's completion first.
-        Not the arrival time: level workers share the cores rather than take turns."""
-        return rank(self.cls, now - self.since), not self.fim
+        """What orders workers: the rank (aged) and, among equals, an editor's completion first, for
+        the first FIM_LEAD_S of the other work's wait; then they are level. Not the arrival time:
+        level workers share the cores rather than take turns."""
+        return rank(self.cls, now - self.since), not self.fim and now - self.since < FIM_LEAD_S
 
 
 @dataclass(frozen=True)

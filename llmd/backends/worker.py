@@ -36,7 +36,7 @@ from llmd.backends.base import (
 )
 from llmd.backends.cpu_board import TURN_ROWS, Claim, CpuBoard, Turns
 from llmd.backends.cpu_board import board as cpu_board
-from llmd.errors import EngineCrashed, EngineError, LlmdError, from_wire
+from llmd.errors import EngineCrashed, EngineError, LlmdError, ModelUnavailable, from_wire
 from llmd.priority import CLASSES, class_index
 
 log = logging.getLogger("llmd.worker")
@@ -301,6 +301,7 @@ class WorkerHandle:
         self.last_heard = time.monotonic()  # any message from the worker (events, heartbeat, stats)
         self._busy_since = time.monotonic()  # when the worker last got a request while it had none open
         self.hung_for: float | None = None  # set when the daemon stopped it for not answering
+        self.stopping = False  # told to shut down: requests it still holds were cut, not crashed
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._sent = ctx.RawValue("Q", 0)  # requests handed to the writer (only submit writes it)
@@ -422,6 +423,7 @@ class WorkerHandle:
             fut.set_result(info)
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        self.stopping = True
         if self.alive:
             self._outbox.put(Shutdown())
         self.process.join(timeout)
@@ -513,7 +515,12 @@ class WorkerHandle:
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         if self.hung_for is not None:
             how = f"stopped answering for {self.hung_for:.0f} s (LLMD_HANG_S) and was stopped"
-        err = EngineCrashed(
+        # a worker told to stop (the daemon shutting down) cut its requests: the server is unavailable
+        # for a moment (503, as for a restart), nothing crashed (500)
+        err: LlmdError = ModelUnavailable(
+            f"llmd stopped the engine worker for {self.cfg.model_name} (the daemon is shutting down or "
+            "restarting) during this request; retry the request when llmd is back"
+        ) if self.stopping and self.hung_for is None else EngineCrashed(
             f"the engine worker for {self.cfg.model_name} {how} during this request; "
             "the next request starts a new worker"
         )
@@ -524,7 +531,9 @@ class WorkerHandle:
             self._loaded.exception()  # mark retrieved: nobody may be waiting
         for command in list(self._asked):  # nobody waits for an answer that cannot come
             self._answered(command, {})
-        if code not in (0, None):
+        if self.stopping and self.hung_for is None:
+            log.info("worker for %s (pid %s) stopped (%s)", self.cfg.model_name, self.pid, how)
+        elif code not in (0, None):
             log.error("worker for %s (pid %s) %s", self.cfg.model_name, self.pid, how)
         if self._on_exit:
             self._on_exit(self)

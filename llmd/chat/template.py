@@ -11,7 +11,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -226,6 +226,19 @@ class ChatTemplate:
             elif 0 <= int(part) < len(contents) and contents[int(part)]:
                 pieces.append((str(contents[int(part)]), True))
         return [p for p in pieces if p[0]]
+
+    def tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               tokenize: Callable[[str, bool, bool], list[int]], add_bos: bool) -> list[int]:
+        """The rendered prompt as tokens (tokenize: text, add_special, parse_special): the template's
+        own text parsed for special tokens, message contents never (no forged turns, and linear
+        time); the BOS token added unless the template writes it itself."""
+        pieces = self.render_pieces(messages, tools)
+        text = "".join(p for p, _ in pieces)
+        add_special = add_bos and not (self._bos and text.startswith(self._bos))
+        prompt: list[int] = []
+        for i, (piece, is_content) in enumerate(pieces):
+            prompt += tokenize(piece, add_special and i == 0, not is_content)
+        return prompt
 
 
 _SENTINEL = re.compile("\ue000(\\d+)\ue001")

@@ -33,6 +33,7 @@ from llmd.daemon.routes import (
 )
 from llmd.daemon.scheduler import Scheduler
 from llmd.daemon.security import SecurityMiddleware, error_body, load_or_create_key, load_or_create_token
+from llmd.daemon.stopping import StoppingMiddleware
 from llmd.daemon.stored_responses import StoredResponses
 from llmd.daemon.suggestions import Suggestions
 from llmd.errors import LlmdError, Overloaded
@@ -110,7 +111,8 @@ def create_app(settings: Settings, scheduler: Scheduler | None = None) -> Starle
               *anthropic.routes, *infill.routes, *control.routes, *openapi.routes]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(SecurityMiddleware, settings=settings), Middleware(ArrivalMiddleware)],
+        middleware=[Middleware(StoppingMiddleware), Middleware(SecurityMiddleware, settings=settings),
+                    Middleware(ArrivalMiddleware)],
         exception_handlers={LlmdError: _llmd_error, 404: _not_found, 405: _not_allowed},
         lifespan=lifespan,
     )

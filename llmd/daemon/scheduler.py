@@ -59,6 +59,7 @@ GROW_STEP = 4096  # a context a request asks for (num_ctx) is rounded up to this
 
 CRASH_LIMIT = 3  # worker deaths of one model ...
 CRASH_WINDOW_S = 60.0  # ... within this many seconds stop it being started again
+STOP_GRACE_S = 5.0  # at the daemon's stop, how long a busy worker gets to finish its call before it is killed
 
 WorkerFactory = Callable[[str, EngineConfig | None, asyncio.AbstractEventLoop, Callable[[WorkerHandle], None]], WorkerHandle]
 
@@ -732,4 +733,6 @@ class Scheduler:
         if self._standby is not None:
             workers.append(self._standby)
             self._standby = None
-        await asyncio.gather(*(asyncio.to_thread(w.shutdown) for w in workers))
+        # the daemon is stopping: a worker inside a long call (a batch of embeddings reads no message
+        # until it ends) is not waited for past STOP_GRACE_S; its requests were answered 503 already
+        await asyncio.gather(*(asyncio.to_thread(w.shutdown, STOP_GRACE_S) for w in workers))

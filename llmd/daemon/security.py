@@ -77,12 +77,12 @@ class SecurityMiddleware:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
         if not host_allowed(host, self.settings):
-            return await _reject(scope, send, Forbidden(
+            return await send_error(scope, send, Forbidden(
                 f"Host {host!r} is not a loopback name; llmd only answers requests addressed to localhost "
                 "(this blocks DNS-rebinding attacks from web pages)"))
         origin = headers.get("origin")
         if origin is not None and not origin_allowed(origin, self.settings):
-            return await _reject(scope, send, Forbidden(
+            return await send_error(scope, send, Forbidden(
                 f"browser requests from origin {origin!r} are not allowed; add it to LLMD_ALLOWED_ORIGINS to allow it"))
         if origin is not None:
             cors = _cors_headers(origin, headers)
@@ -94,7 +94,7 @@ class SecurityMiddleware:
         limit = self.settings.max_body
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            return await _reject(scope, send, PayloadTooLarge(
+            return await send_error(scope, send, PayloadTooLarge(
                 f"the request body is {int(length)} bytes; the limit is {limit} (LLMD_MAX_BODY)"))
         seen = 0
 
@@ -127,10 +127,12 @@ def _with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
     return sending
 
 
-async def _reject(scope: Any, send: Any, err: LlmdError) -> None:
+async def send_error(scope: Any, send: Any, err: LlmdError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """An error answered from middleware, in the API's own shape (error_body)."""
     body = json.dumps(error_body(scope.get("path", ""), err)).encode()
     await send({"type": "http.response.start", "status": err.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -449,6 +450,55 @@ def test_a_long_embedding_request_is_busy_not_hung(tmp_path: Path):
         assert httpx.get(d.url + "/llmd/status").json()["worker_crashes"] == 0
     finally:
         d.stop()
+
+
+def test_requests_cut_by_the_daemons_stop_are_503_not_a_crash(tmp_path: Path):
+    """The daemon stopped (SIGTERM) while an embedding batch and a streamed chat run: whatever
+    answer still reaches a client says the server is unavailable for a moment (503, or a stream's
+    error event with the same type), never a crash (500), and the log records no worker crash."""
+    d = Daemon(tmp_path / "home", env={"LLMD_SLOTS": "2"}).start()
+    words = " ".join(f"w{i % 997}" for i in range(700))  # about 2,000 tokens each: seconds apiece
+    got: dict[str, object] = {}
+
+    def embed() -> None:
+        try:
+            r = httpx.post(d.url + "/v1/embeddings", json={"input": [f"{i} {words}" for i in range(8)]}, timeout=120)
+            got["embed"] = (r.status_code, r.text)
+        except httpx.HTTPError as e:  # the connection closed without an answer: nothing claims a crash
+            got["embed"] = (None, repr(e))
+
+    def chat() -> None:
+        lines = []
+        try:
+            with httpx.stream("POST", d.url + "/v1/chat/completions", timeout=120,
+                              json={"messages": [{"role": "user", "content": "Write a long story."}],
+                                    "max_tokens": 2000, "stream": True}) as r:
+                got["chat_status"] = r.status_code
+                lines = [x for x in r.iter_lines() if x.startswith("data: ")]
+        except httpx.HTTPError:
+            pass
+        got["chat"] = lines
+
+    threads = [threading.Thread(target=embed), threading.Thread(target=chat)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(3)
+        assert d.proc is not None
+        d.proc.terminate()
+        for t in threads:
+            t.join(60)
+        d.proc.wait(60)
+    finally:
+        d.stop()
+    status, text = got["embed"]  # type: ignore[misc]
+    assert status in (None, 503), text
+    if status == 503:
+        assert "shutting down" in text and "retry" in text, text
+    assert got.get("chat_status") in (None, 200, 503), got  # 200: its keep-alives had started the stream
+    errors = [json.loads(x[6:]) for x in got["chat"] if x != "data: [DONE]" and "error" in x[6:]]  # type: ignore[union-attr]
+    assert all(e["error"]["code"] != "engine_crashed" for e in errors), errors
+    assert "engine_crashed" not in d.log.read_text()
 
 
 def test_a_streamed_completion_whose_first_token_is_slow_streams_keep_alives_not_499(tmp_path: Path):

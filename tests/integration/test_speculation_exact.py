@@ -23,7 +23,7 @@ import pytest
 from test_speculation import CODE  # the function the copying prompts repeat
 
 from llmd.backends.base import EngineConfig, FinalEvent, GenerationRequest, Sampling
-from llmd.backends.llamacpp import engine as engine_mod
+from llmd.backends.llamacpp import prepare as prepare_mod
 from llmd.backends.llamacpp.engine import LlamaCppEngine
 from llmd.backends.llamacpp.sampler import SamplerChain
 from llmd.backends.repack import repack_for
@@ -85,7 +85,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppEngine]
     draft = find_packaged(d / "models")["smollm2-135m"]
     target = quantize(plan(Path(draft), d / "smollm2-f16.gguf", "F16"))
     mp = pytest.MonkeyPatch()
-    mp.setattr(engine_mod, "SamplerChain", Recorder)
+    mp.setattr(prepare_mod, "SamplerChain", Recorder)
     e = LlamaCppEngine(EngineConfig(model_path=str(target), model_name="smollm2-f16", n_ctx=2048, n_slots=2,
                                     chunk=64, draft_path=str(draft),
                                     repack=repack_for([str(target), str(draft)])))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from llmd.backends.cpu_board import STALE_S, Claim, CpuBoard
+from llmd.backends.cpu_board import FIM_LEAD_S, STALE_S, Claim, CpuBoard
 from llmd.priority import AGING_S
 
 NOW = 1000.0
@@ -36,9 +36,15 @@ def test_an_agents_prompt_pauses_for_an_editors_completion_on_another_model():
 
 
 def test_among_equals_an_editors_completion_goes_first_and_level_work_splits_the_cores():
-    chat, fim = Claim("interactive", False, NOW - 5), Claim("interactive", True, NOW)
+    chat, fim = Claim("interactive", False, NOW - FIM_LEAD_S / 2), Claim("interactive", True, NOW)
     b, (c, f) = board_with(chat, fim)
     assert b.verdict(c, chat, 2, now=NOW).pause and not b.verdict(f, fim, 2, now=NOW).pause
+    # the editor's lead is bounded: a chat that has waited FIM_LEAD_S splits the cores with it
+    chat = Claim("interactive", False, NOW - FIM_LEAD_S - 0.1)
+    b, (c, f) = board_with(chat, fim)
+    vc, vf = b.verdict(c, chat, 2, now=NOW), b.verdict(f, fim, 2, now=NOW)
+    assert not vc.pause and not vf.pause and vc.share == vf.share == 1
+    chat = Claim("interactive", False, NOW - 5)
     other_chat = Claim("interactive", False, NOW - 1)
     b, (c1, c2) = board_with(chat, other_chat)
     v1, v2 = b.verdict(c1, chat, 2, now=NOW), b.verdict(c2, other_chat, 2, now=NOW)

@@ -76,7 +76,7 @@ class Admission:
         for _ in range(min(len(self.free()), len(e.waiting))):
             req, t_received = self.next_waiting()
             try:
-                active = e._prepare(req, t_received)
+                active = e.preparation.prepare(req, t_received)
             except LlmdError as err:
                 events.append(ErrorEvent(req.id, err.to_wire()))
                 continue

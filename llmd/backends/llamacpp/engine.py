@@ -13,11 +13,12 @@ slot with its own native sampler chain. Two batching policies (DESIGN: Two batch
   slots re-prefill their replies. Greedy output is then the same whatever is cached or running.
 Both keep one KV stream per slot (see __init__ for the measurements).
 
-It stays one module of about 790 lines because the step loop's parts (admission, disk reads in
-flight, the batch, sampling, finishing, idle work) all act on the same slots and batch; what can
-stand alone lives beside it: context.py (llama.cpp setup), chunks.py (exact chunk boundaries),
-prefix_cache.py (restore and save; its reader and writer threads), kv_copy.py (a prefix copied
-from another slot), speculation.py, slots.py.
+The engine holds the model, the context, the slots and the step loop; each job of a step is a
+room beside it (issue 49): admission.py (waiting requests into slots), prepare.py (a request's
+prompt, limits and sampler), step_batch.py (the rows of a step), step_watch.py (when a running
+step is given up, and for whom), replies.py (sampling, drafts accepted, finishing), idle_work.py
+(what the engine does for itself between requests), and context.py, chunks.py, prefix_cache.py,
+kv_copy.py, speculation.py, slots.py, prompt_rows.py.
 """
 
 from __future__ import annotations
@@ -58,26 +59,23 @@ from llmd.backends.llamacpp.context import (
 )
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
-from llmd.backends.llamacpp.grammar import grammar_for, grammar_for_tools
 from llmd.backends.llamacpp.healing import Healer
 from llmd.backends.llamacpp.idle_work import IdleWork
 from llmd.backends.llamacpp.kv_copy import PrefixCopier
 from llmd.backends.llamacpp.prefix_cache import Hit, PrefixCache
+from llmd.backends.llamacpp.prepare import Preparation
 from llmd.backends.llamacpp.prompt_rows import PromptRows
 from llmd.backends.llamacpp.replies import Replies
-from llmd.backends.llamacpp.sampler import SamplerChain
 from llmd.backends.llamacpp.slots import Active, Slot
 from llmd.backends.llamacpp.speculation import LENGTHS, Job, Speculator
+from llmd.backends.llamacpp.step_batch import BatchBuilder, StepBatch
 from llmd.backends.llamacpp.step_watch import StepWatch
-from llmd.backends.llamacpp.text import TextStream
 from llmd.backends.llamacpp.threads import ThreadGovernor
 from llmd.backends.profile import Profiler
-from llmd.chat.fim import Cut, FimTokens, healed_fim_tokens, middle_start
-from llmd.chat.fit import fit_by_dropping
+from llmd.chat.fim import FimTokens
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
-from llmd.chat.tools import prepare_tools
-from llmd.errors import BadRequest, ContextOverflow, EngineError
+from llmd.errors import EngineError
 from llmd.priority import rank as priority_rank
 
 log = logging.getLogger("llmd.engine")
@@ -201,6 +199,8 @@ class LlamaCppEngine:
         self.idle = IdleWork(self)  # what the engine does for itself between requests (idle_work.py)
         self.admission = Admission(self)  # waiting requests into free slots (admission.py)
         self.replies = Replies(self)  # sampling, acceptance, finishing (replies.py)
+        self.preparation = Preparation(self)  # a request's prompt, limits and sampler (prepare.py)
+        self.batcher = BatchBuilder(self)  # the rows of each step (step_batch.py)
         self.grid = ChunkGrid(cfg.chunk, self._is_eog)
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self.reading: list[tuple[Active, Future[Hit | None]]] = []  # prepared, their prefix being read from disk
@@ -410,37 +410,51 @@ class LlamaCppEngine:
         t0 = time.perf_counter()
         self._choose_threads()
         self._release_cancelled(events)
+        self._admit(events, t0)
+        decoding, prefilling = self._schedule(t0)
+        if decoding or prefilling:
+            self._compute(decoding, prefilling, events)
+            self._step_times.append(time.perf_counter() - t0)
+        elif self.reading:  # only disk reads in flight: wait a moment for one rather than spin
+            wait_futures([f for _, f in self.reading], timeout=0.002, return_when="FIRST_COMPLETED")
+        else:
+            self.idle.work()
+        self.governor.done()
+        return events
+
+    def _admit(self, events: list[Event], t0: float) -> None:
+        """Waiting requests into free slots; the first of a burst into an idle engine opens the
+        window in which its step yields to the others (JOIN_S)."""
         was_idle = not any(s.active for s in self.slots)
         self.admission.admit(events)
         if was_idle and any(s.active for s in self.slots):
             self.watch.join_until = t0 + JOIN_S
         self.yielded = False
-        # by priority (llmd.priority), an editor's completion first among equals (it is worth
-        # something only before the next keystroke), then oldest first; a prompt of a lower class
-        # than the engine's most urgent request waits (a 512-token slice of an agent's prompt beside
-        # a chat's 30 took the chat's first token from 0.25 s to seconds), aging while it does
-        ranked = {s.seq: (self._rank(s.active, t0), s.active.req.fim is None, s.active.t_received)
+
+    def _schedule(self, now: float) -> tuple[list[Slot], list[Slot]]:
+        """The slots this step decodes and the prompts it reads, in order: by priority
+        (llmd.priority), an editor's completion first among equals (it is worth something only
+        before the next keystroke), then oldest first. A prompt of a lower class than the engine's
+        most urgent request waits (a 512-token slice of an agent's prompt beside a chat's 30 took
+        the chat's first token from 0.25 s to seconds), aging while it does."""
+        ranked = {s.seq: (self._rank(s.active, now), s.active.req.fim is None, s.active.t_received)
                   for s in self.slots if s.active is not None}
         top = min((r[0] for r in ranked.values()), default=0)
         prefilling = sorted((s for s in self.slots if s.active and s.active.prefilling and ranked[s.seq][0] <= top),
                             key=lambda s: ranked[s.seq])
         decoding = [s for s in self.slots if s.active and not s.active.prefilling]
-        if self.exact:
-            if prefilling:  # one aligned chunk, alone in its decode, so its KV is batch-independent
-                self._run_step([], prefilling[:1], events)
-            if decoding:
-                self._run_step(decoding, [], events)
-        elif prefilling or decoding:
+        return decoding, prefilling
+
+    def _compute(self, decoding: list[Slot], prefilling: list[Slot], events: list[Event]) -> None:
+        """The step's decodes: one for all (fast), or under the exact policy one aligned prompt
+        chunk alone in its decode, so its KV is the same whatever else runs, then the streams."""
+        if not self.exact:
             self._run_step(decoding, prefilling, events)
-        if not prefilling and not decoding:
-            if self.reading:  # only disk reads in flight: wait a moment for one rather than spin
-                wait_futures([f for _, f in self.reading], timeout=0.002, return_when="FIRST_COMPLETED")
-            else:
-                self.idle.work()
-        else:
-            self._step_times.append(time.perf_counter() - t0)
-        self.governor.done()
-        return events
+            return
+        if prefilling:
+            self._run_step([], prefilling[:1], events)
+        if decoding:
+            self._run_step(decoding, [], events)
 
     @staticmethod
     def _rank(a: Active, now: float) -> int:
@@ -478,132 +492,40 @@ class LlamaCppEngine:
             if slot.active and slot.active.cancelled:
                 self.replies.finish(slot, "cancelled", events, flush=False)
 
-    def _chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        pieces = self.template.render_pieces(messages, tools)
-        text = "".join(p for p, _ in pieces)
-        add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
-        prompt: list[int] = []
-        for i, (piece, is_content) in enumerate(pieces):
-            # message contents are text: no special-token parsing (no forged turns, and linear time)
-            prompt += self.tokenize(piece, add_special and i == 0, parse_special=not is_content)
-        return prompt
-
-    def _prepare(self, req: GenerationRequest, t_received: float) -> Active:
-        grammar, trigger = grammar_for(req.response_format), ""
-        n_ctx = min(self.cfg.n_ctx, req.ctx_limit or self.cfg.n_ctx)
-        dropped = 0
-        if req.messages is not None and not req.raw:
-            messages, tools, constraint = prepare_tools(self.chat_format, req)
-            if constraint is not None:
-                grammar, trigger = grammar_for_tools(constraint), constraint.trigger
-            prompt = self._chat_prompt(messages, tools)
-            if len(prompt) >= n_ctx and req.drop_old_messages:
-                dropped, prompt = fit_by_dropping(messages, tools, n_ctx, req.max_tokens, len(prompt), self._chat_prompt)
-        elif req.fim is not None:
-            if self.fim.missing:
-                raise BadRequest(f"{self.cfg.model_name} cannot fill in the middle: its vocabulary has no "
-                                 f"{', '.join(self.fim.missing)} token; use a FIM model (Qwen2.5-Coder, StarCoder2, "
-                                 "CodeLlama, DeepSeek-Coder...)", "suffix")
-            fim = req.fim
-            heads = [s.fim_head[0] for s in self.slots
-                     if s.fim_head is not None and s.fim_head[1:] == (fim.suffix, fim.extra)]
-            middle = middle_start(fim, heads) if req.cache_prompt else fim.prefix.rfind("\n") + 1
-            prompt, healed = healed_fim_tokens(fim, self.fim, lambda t: self.tokenize(t, False, parse_special=False),
-                                               [self.bos] if self.add_bos else [], cut=middle)
-            fim_head = (fim.prefix[:middle], fim.suffix, fim.extra)
-        else:
-            prompt = self.tokenize(req.prompt or "", self.add_bos)
-        if not prompt:
-            raise BadRequest("the prompt is empty; send at least one token of text", "prompt")
-        if len(prompt) >= n_ctx:
-            raise ContextOverflow(
-                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}: "
-                "shorten the prompt or raise the context (LLMD_CTX)",
-                "messages" if req.messages is not None else "prompt",
-            )
-        # max_tokens is an upper bound, as llama-server and Ollama treat it: a reply that reaches the
-        # end of the context ends there with finish_reason "length"
-        room = n_ctx - len(prompt)
-        max_tokens = min(req.max_tokens, room) if req.max_tokens is not None else room
-        drafters = self.spec.drafters_for(req.speculation)
-        sampler = SamplerChain(self.vocab, self.n_vocab, req.sampling, grammar, trigger)
-        cut = Cut(req.fim.n_indent, req.fim.t_max_predict_ms) if req.fim is not None else None
-        active = Active(req, prompt, max_tokens, sampler, TextStream(req.stop, cut), t_received, n_ctx=n_ctx,
-                        dropped=dropped)
-        active.drafters = drafters
-        active.auto = req.speculation in ("auto", "")
-        if req.fim is not None:
-            active.fim_head = fim_head
-            if healed >= 0:
-                active.heal = self._piece(healed)
-        return active
-
     def _run_step(self, decoding: list[Slot], prefilling: list[Slot], events: list[Event]) -> None:
         """One llama_decode: each decoding slot's pending token (plus its drafts when it
-        speculates), then prefill tokens of the prefilling slots, oldest first. Every emitted
+        speculates), then prefill tokens of the prefilling slots (step_batch.py). Every emitted
         token is the target's own sample from these logits; a draft is kept only while it equals
-        that sample, and the KV of rejected drafts is removed."""
-        prof = self.profiler
+        that sample, and the KV of rejected drafts is removed (replies.py)."""
         t_step = time.perf_counter()
         lone = decoding[0].active if len(decoding) == 1 else None
         lone_gen = lone.n_gen if lone is not None else 0
-        plan: list[tuple[Slot, int, list[int]]] = []  # decoding slot, its first row, its drafts
-        parts: list[tuple[Slot, int, int, int]] = []  # prefilling slot, prompt start, end, first row
-        n = 0
-        if decoding:
-            with prof.span("draft"):
-                spec = [s for s in decoding if s.active and s.active.drafters]
-                drafts_of = dict(zip((s.seq for s in spec), self.spec.plan([self._job(s) for s in spec], len(decoding)),
-                                     strict=True))
-        with prof.span("batch_build"):
-            rows: list[tuple[Slot, list[int], int, int]] = []  # slot, its tokens, first position, prompt end
-            for slot in decoding:
-                a = slot.active
-                assert a is not None and a.pending is not None
-                drafts = drafts_of.get(slot.seq, [])[: max(0, self.n_batch - n - len(decoding) + len(rows))]
-                rows.append((slot, [a.pending, *drafts], len(slot.tokens), -1))
-                n += 1 + len(drafts)
-            budget = self.n_batch - n if not decoding else min(self.budget, self.n_batch - n)
-            if self.turn_rows is not None:
-                budget = min(budget, self.turn_rows)
-            deepest = max((len(s.tokens) + 1 + max(LENGTHS) for s in decoding), default=0)
-            for slot in prefilling:
-                if budget <= 0:
-                    break
-                a = slot.active
-                assert a is not None
-                start = a.pos
-                end = self.grid.chunk_end(a.prompt, start) if self.exact else min(len(a.prompt), start + budget)
-                deepest = max(deepest, end)
-                end = self.rows.end(len(a.prompt), start, min(end, start + self.rows.room(n, deepest)))
-                rows.append((slot, a.prompt[start:end], start, end))
-                n += end - start
-                budget -= end - start
-            # in slot order: with one KV stream per slot llama.cpp splits a batch into passes that
-            # each take only consecutive sequence ids in batch order, so decoding slots 0, 2, 3
-            # with slot 1 prefilling after them took three passes where this order takes two
-            row = 0
-            for slot, tokens, pos, end in sorted(rows, key=lambda r: r[0].seq):
-                last = len(slot.active.prompt) if slot.active is not None else -1
-                for j, t in enumerate(tokens):
-                    put(self.batch, row + j, t, pos + j, slot.seq, end < 0 or pos + j == last - 1)
-                if end < 0:
-                    plan.append((slot, row, tokens[1:]))
-                else:
-                    parts.append((slot, pos, end, row))
-                row += len(tokens)
-            self.batch.n_tokens = n
-        self._threads_for(n)
+        b = self.batcher.build(decoding, prefilling)
+        self._threads_for(b.n)
         # (exact prefills one chunk a step, oldest first: a newcomer could not share it)
         joinable = not self.exact and t_step < self.watch.join_until and self.interrupt is not None
-        # a prompt's step is watched between its graph operations (a Python call each: a few ms a
-        # step, too much for a decode alone of ~40 ms, nothing beside a prefill's seconds); it is
-        # given up for a request of a class above its prompts' (step_watch.py)
-        watched = joinable or bool(parts)
-        with prof.span("prefill" if parts else "decode"):
+        rc = self._decode_watched(b, joinable, t_step)
+        if rc == 2 and (joinable or self.watch.preempting):
+            self._give_up(b)
+            return
+        if rc != 0:
+            for slot in b.slots:
+                self.replies.fail(slot, events, f"llama_decode returned {rc} for a batch of {b.n} tokens")
+            return
+        self.replies.after_step(b, events)
+        if lone is not None and not b.parts:  # a lone stream: what each drafter gains, measured live
+            self.spec.note_lone_step(lone.last_drafter if b.plan[0][2] else "", lone.n_gen - lone_gen,
+                                     time.perf_counter() - t_step)
+
+    def _decode_watched(self, b: StepBatch, joinable: bool, t_step: float) -> int:
+        """The step's llama_decode. A prompt's step is watched between its graph operations (a Python
+        call each: a few ms a step, too much for a decode alone of ~40 ms, nothing beside a prefill's
+        seconds); it is given up for a request of a class above its prompts' (step_watch.py)."""
+        watched = joinable or bool(b.parts)
+        with self.profiler.span("prefill" if b.parts else "decode"):
             t0 = time.perf_counter()
             if watched:
-                self.watch.start(joinable, min((self._rank(p[0].active, t_step) for p in parts if p[0].active),
+                self.watch.start(joinable, min((self._rank(p[0].active, t_step) for p in b.parts if p[0].active),
                                                default=None))
                 self._L.llama_set_abort_callback(self.ctx, self._step_cb, None)
             try:
@@ -611,53 +533,28 @@ class LlamaCppEngine:
             finally:
                 if watched:
                     self._L.llama_set_abort_callback(self.ctx, self._L.ggml_abort_callback(), None)
-            if rc == 0 and decoding and not parts:
-                self.spec.observe(n, time.perf_counter() - t0)
-            elif rc == 0 and parts and not decoding:
-                self.copier.observe_prefill(n, time.perf_counter() - t0)
+            if rc == 0 and b.plan and not b.parts:
+                self.spec.observe(b.n, time.perf_counter() - t0)
+            elif rc == 0 and b.parts and not b.plan:
+                self.copier.observe_prefill(b.n, time.perf_counter() - t0)
+        return rc
+
+    def _give_up(self, b: StepBatch) -> None:
+        """A step given up for a request that arrived with these (none of its KV stays: they share
+        the next step), or for more urgent work (another model's, or a request on its way here):
+        llama.cpp keeps the micro-batches it finished, and a prompt keeps them (the exact policy's
+        chunks are computed whole)."""
         w = self.watch
-        if rc == 2 and (joinable or w.preempting):
-            # given up for a request that arrived with these (none of its KV stays: they share the
-            # next step), or for more urgent work (another model's, or a request on its way here):
-            # llama.cpp keeps the micro-batches it finished, and a prompt keeps them (the exact
-            # policy's chunks are computed whole)
-            keep = w.preempting and not self.exact
-            for slot, _, pos, end in rows:
-                kept = self._kept_of_prompt(slot, pos, end) if keep and end >= 0 else pos
-                self._L.llama_memory_seq_rm(self.mem, slot.seq, kept, -1)
-            # for a request on its way the worker waits a moment for it, as for a join
-            self.yielded = not w.preempting or w.for_newcomer
-            if w.preempting:
-                w.given_up()
-            else:
-                w.joins += 1
-            return
-        if rc != 0:
-            for slot in [*decoding, *(p[0] for p in parts)]:
-                self.replies.fail(slot, events, f"llama_decode returned {rc} for a batch of {n} tokens")
-            return
-        done_at = time.perf_counter()
-        for slot in [*decoding, *(p[0] for p in parts)]:
-            if slot.active is not None:
-                slot.active.t_progress = done_at
-        for slot, start, end, row in parts:
-            a = slot.active
-            assert a is not None
-            slot.tokens.extend(a.prompt[start:end])
-            if self.exact and slot.exact == start and self.grid.is_boundary(a.prompt, end):
-                slot.exact = end
-            a.pos = end
-            if end == len(a.prompt):
-                a.t_prefill_done = time.perf_counter()
-                if a.max_tokens == 0:  # warming the cache: the prompt's KV is what was asked for
-                    self.replies.finish(slot, "length", events)
-                else:
-                    self.replies.sample(slot, row + end - start - 1, events)
-        for slot, row, drafts in plan:
-            self.replies.accept(slot, row, drafts, events)
-        if lone is not None and not parts:  # a lone stream: what each drafter gains, measured live
-            self.spec.note_lone_step(lone.last_drafter if plan[0][2] else "", lone.n_gen - lone_gen,
-                                     time.perf_counter() - t_step)
+        keep = w.preempting and not self.exact
+        for slot, _, pos, end in b.rows:
+            kept = self._kept_of_prompt(slot, pos, end) if keep and end >= 0 else pos
+            self._L.llama_memory_seq_rm(self.mem, slot.seq, kept, -1)
+        # for a request on its way the worker waits a moment for it, as for a join
+        self.yielded = not w.preempting or w.for_newcomer
+        if w.preempting:
+            w.given_up()
+        else:
+            w.joins += 1
 
     def _kept_of_prompt(self, slot: Slot, pos: int, end: int) -> int:
         """After a prompt step given up part way: where the prompt's KV now ends (what llama.cpp

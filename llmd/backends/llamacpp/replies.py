@@ -14,6 +14,7 @@ from llmd.errors import EngineError
 
 if TYPE_CHECKING:
     from llmd.backends.llamacpp.engine import LlamaCppEngine
+    from llmd.backends.llamacpp.step_batch import StepBatch
 
 
 class Replies:
@@ -21,6 +22,30 @@ class Replies:
 
     def __init__(self, engine: LlamaCppEngine) -> None:
         self.e = engine
+
+    def after_step(self, b: StepBatch, events: list[Event]) -> None:
+        """What a computed step's rows give: each prompt's progress (its last rows sampled, or a
+        prompt sent only to warm the cache finished), each decoding slot's token and drafts."""
+        e = self.e
+        done_at = time.perf_counter()
+        for slot in b.slots:
+            if slot.active is not None:
+                slot.active.t_progress = done_at
+        for slot, start, end, row in b.parts:
+            a = slot.active
+            assert a is not None
+            slot.tokens.extend(a.prompt[start:end])
+            if e.exact and slot.exact == start and e.grid.is_boundary(a.prompt, end):
+                slot.exact = end
+            a.pos = end
+            if end == len(a.prompt):
+                a.t_prefill_done = time.perf_counter()
+                if a.max_tokens == 0:  # warming the cache: the prompt's KV is what was asked for
+                    self.finish(slot, "length", events)
+                else:
+                    self.sample(slot, row + end - start - 1, events)
+        for slot, row, drafts in b.plan:
+            self.accept(slot, row, drafts, events)
 
     def accept(self, slot: Slot, row: int, drafts: list[int], events: list[Event]) -> None:
         a = slot.active
