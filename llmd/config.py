@@ -145,6 +145,7 @@ class Settings:
     port: int = 11435
     model: str = "smollm2-135m"
     ctx: str = "auto"
+    ctx_start: int = 8192  # with ctx auto: tokens per slot a model starts with, grown by use
     slots: int = 4
     threads: str = "auto"
     chunk: int = 64
@@ -207,6 +208,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("model", "model loaded at start and used when a request names none"),
     Setting("ctx", "context length (tokens) each slot can hold: auto (the model's trained context, less "
             "when a quarter of the free memory cannot hold it for every slot) or a number"),
+    Setting("ctx_start", "with LLMD_CTX=auto: the context each slot starts with; a prompt that needs more "
+            "loads the model again with a larger one, up to the automatic choice (0: start there)"),
     Setting("slots", "concurrent sequences in one context (requests decoded together)"),
     Setting("threads", "CPU threads for llama.cpp: auto (up to the physical cores, fewer while other "
             "programs keep cores busy; docs/HOW_IT_WORKS.md: A busy machine) or a fixed number"),
@@ -299,6 +302,8 @@ def load_settings(overrides: dict[str, Any] | None = None, env: Mapping[str, str
         raise ValueError(f"LLMD_FLASH_ATTN={settings.flash_attn!r}: use auto, on or off")
     if not 0.0 <= settings.min_share <= 0.5:
         raise ValueError(f"LLMD_MIN_SHARE={settings.min_share}: use a share from 0 (strictly by class) to 0.5")
+    if settings.ctx_start < 0:
+        raise ValueError(f"LLMD_CTX_START={settings.ctx_start}: use 0 (start at the automatic context) or tokens per slot")
     if settings.max_loaded < 0:
         raise ValueError(f"setting max_loaded must be 0 (by memory) or a count, got {settings.max_loaded}")
     for name in ("port", "slots", "chunk", "max_queue", "max_body", "prefill_budget",

@@ -4,6 +4,7 @@
     ├── BadRequest            400: a field is wrong (names the field in .param)
     │   ├── ContextOverflow   400: prompt (+ max_tokens) does not fit the context; gives both numbers
     │   └── GrammarError      400: response_format could not be turned into a grammar
+    ├── ContextGrow           (never answered) the worker asks the scheduler for a larger context
     ├── Unauthorized          401: a control route without the daemon's token
     ├── Forbidden             403: Host or Origin not allowed (DNS rebinding guard)
     ├── ModelNotFound         404: no registered model by that name
@@ -45,6 +46,22 @@ class BadRequest(LlmdError):
 
 class ContextOverflow(BadRequest):
     code = "context_length_exceeded"
+
+
+class ContextGrow(LlmdError):
+    """Inside llmd only (worker to scheduler): the prompt needs a larger context than the slot's, which
+    the model may grow to (memory.starting_ctx); the scheduler loads it again and resubmits, or
+    resubmits with growth refused, when the request then fails or fits as before."""
+
+    code = "context_grow"
+
+    def __init__(self, message: str, param: str | None = None, needed: int = 0) -> None:
+        super().__init__(message, param)
+        self.needed = needed
+
+    def to_wire(self) -> tuple[str, str, str | None]:
+        return (self.code, self.message, str(self.needed))  # the param field carries the tokens needed
+
 
 
 class GrammarError(BadRequest):
@@ -143,4 +160,6 @@ _BY_CODE: dict[str, type[LlmdError]] = {
 
 def from_wire(wire: tuple[str, str, str | None]) -> LlmdError:
     code, message, param = wire
+    if code == ContextGrow.code:
+        return ContextGrow(message, None, int(param or 0))
     return _BY_CODE.get(code, EngineError)(message, param)

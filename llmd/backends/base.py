@@ -79,6 +79,8 @@ class GenerationRequest:
     # Ollama's API: a chat that does not fit the context loses its oldest messages (system messages and
     # the newest kept), as Ollama does, instead of a 400; the first event says how many were left out
     drop_old_messages: bool = False
+    # the scheduler could not grow the model's context for this prompt (ContextGrow): fit it as it is
+    no_grow: bool = False
     # llmd.priority's class: which requests the engine serves first (how it is scheduled, not its reply)
     priority: str = "interactive"
 
@@ -247,6 +249,7 @@ class EngineConfig:
     flash_attn: str = "auto"  # llama.cpp's flash-attention kernel: auto | on | off (context.flash_attention)
     exact: bool = False  # the exact batching policy (LLMD_EXACT); else the fast one
     prefill_budget: int = 128  # prompt tokens per step while other streams decode (fast policy)
+    ctx_ceiling: int = 0  # what n_ctx may grow to when a prompt needs it (memory.starting_ctx; 0: fixed)
     min_share: float = 0.0  # of the CPU while another model's more urgent work runs (cpu_board.Turns)
     prefix_ram_bytes: int = 0  # in-memory tier of the prefix cache (recently evicted sequences)
 

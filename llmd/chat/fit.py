@@ -1,6 +1,5 @@
-"""A chat's prompt within the model's context: rendered to tokens, and when longer than the context
-and the client allows it, which older messages to leave out (a chat concern, kept out of the
-engine, issue 49)."""
+"""A chat longer than the model's context: which older messages to leave out (a chat concern, kept
+out of the engine, which renders the chat to tokens with ChatTemplate.tokens)."""
 
 from __future__ import annotations
 
@@ -11,17 +10,6 @@ from llmd.errors import BadRequest, ContextOverflow
 
 # messages and tools to the prompt's tokens; BadRequest when the template refuses them
 Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]]
-
-
-def fitted_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n_ctx: int,
-                max_tokens: int | None, drop_old: bool, render: Render) -> tuple[int, list[int]]:
-    """The chat's prompt tokens and how many older messages were left out for it to fit: none
-    unless it is longer than the context and the client asked for old messages to be dropped (a
-    prompt that still does not fit is refused by the engine, with its numbers)."""
-    prompt = render(messages, tools)
-    if len(prompt) >= n_ctx and drop_old:
-        return fit_by_dropping(messages, tools, n_ctx, max_tokens, len(prompt), render)
-    return 0, prompt
 
 
 def fit_by_dropping(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n_ctx: int,

@@ -38,7 +38,15 @@ from llmd.backends.repack import Decision, RepackRecord
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
 from llmd.config import Settings, draft_pairs, fixed_ctx, fixed_threads, parse_duration
-from llmd.errors import BadRequest, EngineCrashed, EngineError, ModelUnavailable, Overloaded, from_wire
+from llmd.errors import (
+    BadRequest,
+    ContextGrow,
+    EngineCrashed,
+    EngineError,
+    ModelUnavailable,
+    Overloaded,
+    from_wire,
+)
 from llmd.models.drafts import AUTOMATIC, choose_draft, vocab_compatible
 from llmd.models.gguf import GGUFInfo, read_gguf
 from llmd.models.memory import (
@@ -50,6 +58,7 @@ from llmd.models.memory import (
     check_fit,
     choose_ctx,
     grow_refusal,
+    starting_ctx,
 )
 from llmd.models.registry import Registry
 
@@ -108,6 +117,9 @@ class ModelState:
     retiring: bool = False  # stop it once `users` is 0
     ctx_wanted: int = 0  # a context per slot a request asked for (Ollama's num_ctx) above the usual choice
     ctx_refused: int = 0  # the smallest such context memory did not allow (not asked again)
+    ctx_why: str = ""  # who asked for ctx_wanted: a request's num_ctx, or a prompt that needed it
+    growing: asyncio.Event | None = None  # set while it loads again with a larger context for a prompt
+    held: int = 0  # requests waiting for that load (users, but not ones the growth waits for)
     gguf: tuple[Any, Any] = (None, None)  # the loaded model's and draft's GGUFInfo, for grow_refusal
 
 
@@ -221,7 +233,8 @@ class Scheduler:
             return
         w = m.worker
         if w is None:  # not loaded yet: the load takes it into account
-            m.ctx_wanted = max(m.ctx_wanted, want)
+            if want > m.ctx_wanted:
+                m.ctx_wanted, m.ctx_why = want, ""
             return
         if w.remote or w.cfg is None or want <= w.cfg.n_ctx or (m.ctx_refused and want >= m.ctx_refused):
             return
@@ -235,8 +248,55 @@ class Scheduler:
             return
         log.info("loading %s again with a context of %d tokens per slot (was %d): a request asked for it "
                  "(num_ctx)", name, want, loaded)
-        m.ctx_wanted = want
+        m.ctx_wanted, m.ctx_why = want, ""
         self._stop(name)
+
+    async def _grow_for_prompt(self, name: str, needed: int) -> bool:
+        """A prompt needs `needed` tokens of context and the model, sized by use (memory.starting_ctx),
+        may grow: load it again with at least twice its context (so growth is rare), up to its
+        ceiling, once the requests it serves have finished (new ones wait for the load), when memory
+        allows it by the rule num_ctx follows. False (nothing changes) when memory does not allow it."""
+        m = self.state(name)
+        if m.growing is not None:  # another prompt's growth is under way: this one is submitted after it
+            await self._growth_done(name)
+            return True
+        w = m.worker
+        if w is None or w.cfg is None or not w.cfg.ctx_ceiling:
+            return m.worker is None  # reloaded meanwhile: submit again
+        loaded = w.cfg.n_ctx
+        want = min(w.cfg.ctx_ceiling, max(-(-needed // GROW_STEP) * GROW_STEP, 2 * loaded))
+        if want <= loaded:
+            return False
+        why = self._grow_refusal(m, w, want)
+        if why:
+            log.warning("%s: a prompt needs a context of %d tokens per slot but it is loaded with %d, and %s; "
+                        "serving it within %d", name, needed, loaded, why, loaded)
+            return False
+        m.growing = asyncio.Event()
+        try:
+            while m.users - m.held > 1 and m.worker is w:  # the others' streams finish first
+                await asyncio.sleep(0.05)
+            if m.worker is not w:  # it was unloaded or reloaded meanwhile: the next load chooses again
+                return True
+            log.info("loading %s again with a context of %d tokens per slot (was %d): a prompt needed %d",
+                     name, want, loaded, needed)
+            m.ctx_wanted, m.ctx_why = want, f"a prompt needed {needed} (it started at {loaded}; grows by use)"
+            await self._stop(name)
+            return True
+        finally:
+            m.growing.set()
+            m.growing = None
+
+    async def _growth_done(self, name: str) -> None:
+        """Wait while the model loads again with a larger context (counted in `held`: the growth waits
+        for the model's other requests, not for these)."""
+        m = self.state(name)
+        while (growing := m.growing) is not None:
+            m.held += 1
+            try:
+                await growing.wait()
+            finally:
+                m.held -= 1
 
     def _grow_refusal(self, m: ModelState, w: Handle, want: int) -> str | None:
         """memory.grow_refusal for a loaded model: what its reload would free counts as available."""
@@ -301,7 +361,8 @@ class Scheduler:
             ctx = self._context(name, info, None)
             estimate = await self._fit(name, info, ctx.n_ctx, None, flash)
         model_path = row["hf_path"] if choice.backend == "tensorrt" and row.get("hf_path") else row["path"]
-        cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=ctx.n_ctx, n_slots=s.slots,
+        cfg = EngineConfig(model_path=model_path, model_name=name, n_ctx=ctx.n_ctx, ctx_ceiling=ctx.ceiling,
+                           n_slots=s.slots,
                            chunk=s.chunk, threads=fixed_threads(s.threads), gpu_layers=gpu_layers, model_digest=row["digest"],
                            precision=choice.precision,
                            prefix_dir=str(s.paths.prefix_dir), prefix_max_bytes=s.prefix_cache_mb * 1024 * 1024,
@@ -376,6 +437,8 @@ class Scheduler:
             return ContextChoice(fixed or AUTO_MIN_CTX, "set by LLMD_CTX" if fixed else "llmd's default for "
                                  "a checkpoint or engine (set LLMD_CTX)")
         ctx = choose_ctx(info, s.slots, fixed, None, draft)
+        if not fixed:
+            ctx = starting_ctx(ctx, s.ctx_start)
         m = self.state(name)
         wanted, m.ctx_refused = m.ctx_wanted, 0  # a load asks memory again
         if wanted > ctx.n_ctx:
@@ -383,7 +446,9 @@ class Scheduler:
             if why is None:
                 beyond = (f"; beyond the {info.context_length} tokens the model was trained for"
                           if info.context_length and wanted > info.context_length else "")
-                return ContextChoice(wanted, f"{wanted} tokens per slot: a request asked for {wanted} (num_ctx){beyond}")
+                asked = m.ctx_why or f"a request asked for {wanted} (num_ctx)"
+                return ContextChoice(wanted, f"{wanted} tokens per slot: {asked}{beyond}",
+                                     ceiling=max(ctx.ceiling, wanted) if ctx.ceiling else 0)
             log.warning("%s: a request asked for a context of %d tokens (num_ctx) but %s; loading with %d",
                         name, wanted, why, ctx.n_ctx)
             m.ctx_refused = wanted
@@ -639,6 +704,7 @@ class Scheduler:
         try:
             if isinstance(req, GenerationRequest) and req.ctx_limit:
                 self._grow_for(name, req.ctx_limit)
+            await self._growth_done(name)  # held back while the model loads again for a longer prompt
             worker, load_s = await self.worker_for(name)
             if admission is not None:
                 admission.load_s = load_s
@@ -657,6 +723,14 @@ class Scheduler:
                     if isinstance(ev, ErrorEvent):
                         finished = True
                         err = from_wire(ev.error)
+                        if isinstance(err, ContextGrow) and isinstance(req, GenerationRequest) and not started:
+                            # the prompt needs a larger context than the model was loaded with
+                            worker.forget(req.id)
+                            if not await self._grow_for_prompt(name, err.needed):
+                                req = replace(req, no_grow=True)
+                            worker, _ = await self.worker_for(name)
+                            queue, finished = worker.submit(req), False
+                            continue
                         if fallback and not started and isinstance(err, ModelUnavailable) and fallback != name:
                             # every upstream is down: the local model configured for it answers
                             log.warning("%s: %s; answering with the fallback %s", name, err.message, fallback)

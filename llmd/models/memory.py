@@ -96,6 +96,18 @@ AUTO_STEP = 1024
 class ContextChoice:
     n_ctx: int  # tokens per slot
     reason: str
+    ceiling: int = 0  # what the context may grow to when a prompt needs it (0: it does not grow)
+
+
+def starting_ctx(choice: ContextChoice, start: int) -> ContextChoice:
+    """An automatic context sized by use (issue 48): a model starts with `start` tokens per slot and
+    is loaded again with more, up to the automatic choice, when a prompt needs it. Every slot's KV
+    cache is allocated and written at load, so four 32k slots of the 1.5B held 3.5 GiB before any
+    prompt was long, and an editor's, a chat's and an agent's models held 9.5 GB together."""
+    if not start or choice.n_ctx <= start:
+        return choice
+    return ContextChoice(start, f"{start} tokens per slot to start (LLMD_CTX_START); grows up to {choice.n_ctx} "
+                                f"when a prompt needs it ({choice.reason})", ceiling=choice.n_ctx)
 
 
 def choose_ctx(info: GGUFInfo, n_slots: int, fixed: int = 0, available: int | None = None,

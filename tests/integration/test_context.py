@@ -9,6 +9,7 @@ loaded context loads the model again with a larger one.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -114,6 +115,47 @@ def test_num_ctx_above_the_loaded_context_loads_a_larger_one(small: Daemon):
     log = small.log.read_text()
     assert "again with a context of 4096 tokens per slot (was 1024)" in log
     assert "left out the" in log and "oldest messages" in log  # the dropping test's line: never silent
+
+
+def test_a_context_sized_by_use_grows_when_a_prompt_needs_it(tmp_path):
+    """LLMD_CTX=auto starts a model small (LLMD_CTX_START) and loads it again with more when a
+    prompt needs it, up to the automatic choice (SmolLM2: 8,192): a long prompt is answered, not
+    refused, while another request streams beside it; Ollama's chat grows rather than loses its
+    oldest messages; a prompt beyond the ceiling is a 400 that names both numbers."""
+    d = Daemon(tmp_path / "home", env={"LLMD_CTX_START": "2048", "LLMD_SLOTS": "2"}).start()
+    try:
+        with d.client() as http:
+            m = http.get("/llmd/status").json()["loaded"][0]
+            assert m["n_ctx"] == 2048 and "grows up to 8192" in m["ctx_reason"], m
+            streamed: list[str] = []
+
+            def stream() -> None:
+                with httpx.stream("POST", d.url + "/v1/chat/completions", timeout=300, json={
+                        "messages": [{"role": "user", "content": "Count slowly to one hundred."}],
+                        "max_tokens": 120, "stream": True}) as r:
+                    streamed.extend(x for x in r.iter_lines() if x.startswith("data: "))
+
+            beside = threading.Thread(target=stream)
+            beside.start()
+            long = chat(20)  # about 2,800 tokens
+            r = http.post("/v1/chat/completions", json={"messages": long, "max_tokens": 4})
+            beside.join(300)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] > 2048, r.json()["usage"]
+            assert streamed and streamed[-1] == "data: [DONE]", streamed[-3:]  # the stream beside it finished whole
+            m = http.get("/llmd/status").json()["loaded"][0]
+            assert m["n_ctx"] == 4096 and "a prompt needed" in m["ctx_reason"], m
+            r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": chat(40), "stream": False,
+                                             "options": {"num_predict": 4}})
+            assert r.status_code == 200 and "X-LLMD-Dropped-Messages" not in r.headers, r.text
+            assert r.json()["prompt_eval_count"] > 4096
+            assert http.get("/llmd/status").json()["loaded"][0]["n_ctx"] == 8192
+            r = http.post("/v1/chat/completions", json={"messages": chat(70), "max_tokens": 4})
+            assert r.status_code == 400 and "8192" in r.json()["error"]["message"], r.text
+    finally:
+        d.stop()
+    log = d.log.read_text()
+    assert "again with a context of 4096 tokens per slot (was 2048): a prompt needed" in log, log[-3000:]
 
 
 def test_dropping_keeps_turns_a_strict_template_accepts(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from llmd.config import fixed_ctx, load_settings
 from llmd.models.gguf import GGUFInfo
-from llmd.models.memory import AUTO_MIN_CTX, choose_ctx
+from llmd.models.memory import AUTO_MIN_CTX, choose_ctx, starting_ctx
 
 GIB = 1024 ** 3
 
@@ -38,6 +38,16 @@ def test_a_draft_model_counts_and_a_short_model_keeps_its_own():
     paired = choose_ctx(info(32768), 4, available=16 * GIB, draft=info(32768, layers=24, head=64)).n_ctx
     assert paired < alone == 32768
     assert choose_ctx(info(2048), 4, available=GIB).n_ctx == 2048  # trained for less than the floor
+
+
+def test_an_automatic_context_starts_small_and_says_what_it_grows_to():
+    full = choose_ctx(info(32768), 4, available=20 * GIB)
+    c = starting_ctx(full, 8192)
+    assert c.n_ctx == 8192 and c.ceiling == 32768, c
+    assert "to start" in c.reason and "grows up to 32768" in c.reason and "trained context" in c.reason
+    assert starting_ctx(full, 0) == full  # LLMD_CTX_START=0: start at the automatic choice
+    short = choose_ctx(info(4096), 4, available=20 * GIB)
+    assert starting_ctx(short, 8192) == short and short.ceiling == 0  # trained for less: nothing to grow
 
 
 def test_fixed_wins_and_says_so():

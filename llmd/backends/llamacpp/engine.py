@@ -76,6 +76,7 @@ from llmd.chat.fim import FimTokens
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
 from llmd.errors import EngineError
+from llmd.priority import class_index
 from llmd.priority import rank as priority_rank
 
 log = logging.getLogger("llmd.engine")
@@ -504,7 +505,7 @@ class LlamaCppEngine:
         self._threads_for(b.n)
         # (exact prefills one chunk a step, oldest first: a newcomer could not share it)
         joinable = not self.exact and t_step < self.watch.join_until and self.interrupt is not None
-        rc = self._decode_watched(b, joinable, t_step)
+        rc = self._decode_watched(b, joinable)
         if rc == 2 and (joinable or self.watch.preempting):
             self._give_up(b)
             return
@@ -517,7 +518,7 @@ class LlamaCppEngine:
             self.spec.note_lone_step(lone.last_drafter if b.plan[0][2] else "", lone.n_gen - lone_gen,
                                      time.perf_counter() - t_step)
 
-    def _decode_watched(self, b: StepBatch, joinable: bool, t_step: float) -> int:
+    def _decode_watched(self, b: StepBatch, joinable: bool) -> int:
         """The step's llama_decode. A prompt's step is watched between its graph operations (a Python
         call each: a few ms a step, too much for a decode alone of ~40 ms, nothing beside a prefill's
         seconds); it is given up for a request of a class above its prompts' (step_watch.py)."""
@@ -525,8 +526,11 @@ class LlamaCppEngine:
         with self.profiler.span("prefill" if b.parts else "decode"):
             t0 = time.perf_counter()
             if watched:
-                self.watch.start(joinable, min((self._rank(p[0].active, t_step) for p in b.parts if p[0].active),
-                                               default=None))
+                # by class, not aged rank: an aged prompt gives its step up too, and keeps the
+                # micro-batches it finished, so it still goes on (an agent's aged prompt held a
+                # chat's first token for a whole 512-row step)
+                self.watch.start(joinable, min((class_index(p[0].active.req.priority) for p in b.parts
+                                                if p[0].active), default=None))
                 self._L.llama_set_abort_callback(self.ctx, self._step_cb, None)
             try:
                 rc = self._decode()

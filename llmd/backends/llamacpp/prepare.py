@@ -13,12 +13,16 @@ from llmd.backends.llamacpp.sampler import SamplerChain
 from llmd.backends.llamacpp.slots import Active
 from llmd.backends.llamacpp.text import TextStream
 from llmd.chat.fim import Cut, healed_fim_tokens, middle_start
-from llmd.chat.fit import fitted_chat
+from llmd.chat.fit import fit_by_dropping
 from llmd.chat.tools import prepare_tools
-from llmd.errors import BadRequest, ContextOverflow
+from llmd.errors import BadRequest, ContextGrow, ContextOverflow
 
 if TYPE_CHECKING:
     from llmd.backends.llamacpp.engine import LlamaCppEngine
+
+
+# The room for a reply a grown context leaves after the prompt (less when the request asks for less)
+GROW_REPLY_ROOM = 2048
 
 
 class Preparation:
@@ -38,8 +42,10 @@ class Preparation:
             messages, tools, constraint = prepare_tools(e.chat_format, req)
             if constraint is not None:
                 grammar, trigger = grammar_for_tools(constraint), constraint.trigger
-            dropped, prompt = fitted_chat(messages, tools, n_ctx, req.max_tokens, req.drop_old_messages,
-                                          self.chat_tokens)
+            prompt = self.chat_tokens(messages, tools)
+            self._grow_if_needed(req, len(prompt), n_ctx, "messages")
+            if len(prompt) >= n_ctx and req.drop_old_messages:
+                dropped, prompt = fit_by_dropping(messages, tools, n_ctx, req.max_tokens, len(prompt), self.chat_tokens)
         elif req.fim is not None:
             if e.fim.missing:
                 raise BadRequest(f"{e.cfg.model_name} cannot fill in the middle: its vocabulary has no "
@@ -56,9 +62,12 @@ class Preparation:
             prompt = e.tokenize(req.prompt or "", e.add_bos)
         if not prompt:
             raise BadRequest("the prompt is empty; send at least one token of text", "prompt")
+        self._grow_if_needed(req, len(prompt), n_ctx, "messages" if req.messages is not None else "prompt")
         if len(prompt) >= n_ctx:
+            grows = (f" (and grows to at most {e.cfg.ctx_ceiling} on this machine)"
+                     if e.cfg.ctx_ceiling > n_ctx and n_ctx == e.cfg.n_ctx else "")
             raise ContextOverflow(
-                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}: "
+                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}{grows}: "
                 "shorten the prompt or raise the context (LLMD_CTX)",
                 "messages" if req.messages is not None else "prompt",
             )
@@ -78,3 +87,16 @@ class Preparation:
             if healed >= 0:
                 active.heal = e._piece(healed)
         return active
+
+    def _grow_if_needed(self, req: GenerationRequest, n_prompt: int, n_ctx: int, param: str) -> None:
+        """ContextGrow when the prompt and room for its reply need more than the slot holds and the
+        model may grow to hold them (its context is sized by use: memory.starting_ctx), unless the
+        request bounds its own context below the slot's (Ollama's num_ctx) or growth was refused."""
+        e = self.e
+        ceiling = e.cfg.ctx_ceiling
+        if req.no_grow or ceiling <= e.cfg.n_ctx or n_ctx < e.cfg.n_ctx or n_prompt >= ceiling:
+            return
+        need = min(ceiling, n_prompt + min(req.max_tokens or GROW_REPLY_ROOM, GROW_REPLY_ROOM))
+        if need > n_ctx:
+            raise ContextGrow(f"the prompt is {n_prompt} tokens and the context holds {n_ctx}: growing it to "
+                              f"hold {need}", param, need)

@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING
 from llmd.backends.llamacpp.batch import put
 from llmd.backends.llamacpp.slots import Slot
 from llmd.backends.llamacpp.speculation import LENGTHS
+from llmd.priority import class_index
 
 if TYPE_CHECKING:
     from llmd.backends.llamacpp.engine import LlamaCppEngine
+
+BESIDE_ROWS = 64  # the most rows of a lower class's prompt in a step with a higher class's request
 
 
 @dataclass
@@ -63,13 +66,18 @@ class BatchBuilder:
         if e.turn_rows is not None:
             budget = min(budget, e.turn_rows)
         deepest = max((len(s.tokens) + 1 + max(LENGTHS) for s in decoding), default=0)
+        first = min((class_index(s.active.req.priority) for s in (*decoding, *prefilling) if s.active), default=0)
         for slot in prefilling:
             if budget <= 0:
                 break
             a = slot.active
             assert a is not None
             start = a.pos
-            end = e.grid.chunk_end(a.prompt, start) if e.exact else min(len(a.prompt), start + budget)
+            # a prompt of a lower class here only because it aged (llmd.priority) takes a short slice
+            # beside a person's request: a 512-row slice of an agent's prompt beside a chat's 16 new
+            # tokens held the chat's first token 10 s (benchmarks/desktop.py)
+            rows = budget if class_index(a.req.priority) <= first else min(budget, BESIDE_ROWS)
+            end = e.grid.chunk_end(a.prompt, start) if e.exact else min(len(a.prompt), start + rows)
             deepest = max(deepest, end)
             end = e.rows.end(len(a.prompt), start, min(end, start + e.rows.room(b.n, deepest)))
             b.rows.append((slot, a.prompt[start:end], start, end))

@@ -38,7 +38,7 @@ class StepWatch:
         self.engine = engine
         self.join_until = 0.0  # a step started before this yields to a newcomer (JOIN_S)
         self.joinable = False  # the running step may be given up for a newcomer
-        self.prompt_rank: int | None = None  # the best rank of the running step's prompts (None: no prompt)
+        self.prompt_rank: int | None = None  # the best class (priority.class_index) of the step's prompts (None: none)
         self.preempting = False  # the step is being given up for more urgent work (keep what it finished)
         self.for_newcomer = False  # ...for a more urgent request on its way to this engine
         self._checked = 0.0
