@@ -56,9 +56,8 @@ from llmd.models.memory import (
     Estimate,
     available_bytes,
     check_fit,
-    choose_ctx,
     grow_refusal,
-    starting_ctx,
+    load_ctx,
 )
 from llmd.models.registry import Registry
 
@@ -436,9 +435,7 @@ class Scheduler:
         if info is None:  # TensorRT reads its engine's own limits; this is what it is built or asked for
             return ContextChoice(fixed or AUTO_MIN_CTX, "set by LLMD_CTX" if fixed else "llmd's default for "
                                  "a checkpoint or engine (set LLMD_CTX)")
-        ctx = choose_ctx(info, s.slots, fixed, None, draft)
-        if not fixed:
-            ctx = starting_ctx(ctx, s.ctx_start)
+        ctx = load_ctx(info, s.slots, fixed, s.ctx_start, None, draft)
         m = self.state(name)
         wanted, m.ctx_refused = m.ctx_wanted, 0  # a load asks memory again
         if wanted > ctx.n_ctx:

@@ -99,6 +99,13 @@ class ContextChoice:
     ceiling: int = 0  # what the context may grow to when a prompt needs it (0: it does not grow)
 
 
+def load_ctx(info: GGUFInfo, n_slots: int, fixed: int, start: int, available: int | None = None,
+             draft: GGUFInfo | None = None) -> ContextChoice:
+    """The context a load starts with: LLMD_CTX when set, else the automatic choice sized by use."""
+    ctx = choose_ctx(info, n_slots, fixed, available, draft)
+    return ctx if fixed else starting_ctx(ctx, start)
+
+
 def starting_ctx(choice: ContextChoice, start: int) -> ContextChoice:
     """An automatic context sized by use (issue 48): a model starts with `start` tokens per slot and
     is loaded again with more, up to the automatic choice, when a prompt needs it. Every slot's KV

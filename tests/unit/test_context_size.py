@@ -9,7 +9,7 @@ import pytest
 
 from llmd.config import fixed_ctx, load_settings
 from llmd.models.gguf import GGUFInfo
-from llmd.models.memory import AUTO_MIN_CTX, choose_ctx, starting_ctx
+from llmd.models.memory import AUTO_MIN_CTX, choose_ctx, load_ctx, starting_ctx
 
 GIB = 1024 ** 3
 
@@ -48,6 +48,9 @@ def test_an_automatic_context_starts_small_and_says_what_it_grows_to():
     assert starting_ctx(full, 0) == full  # LLMD_CTX_START=0: start at the automatic choice
     short = choose_ctx(info(4096), 4, available=20 * GIB)
     assert starting_ctx(short, 8192) == short and short.ceiling == 0  # trained for less: nothing to grow
+    assert load_ctx(info(32768), 4, 0, 8192, available=20 * GIB) == c  # what a load starts with
+    fixed = load_ctx(info(32768), 4, 16384, 8192, available=20 * GIB)
+    assert fixed.n_ctx == 16384 and fixed.ceiling == 0  # LLMD_CTX: fixed, never grown
 
 
 def test_fixed_wins_and_says_so():

@@ -23,7 +23,7 @@ from llmd.daemon.routes._common import fim_spellings, parse_body
 from llmd.daemon.security import authorize
 from llmd.errors import BadRequest
 from llmd.models.gguf import read_gguf
-from llmd.models.memory import available_bytes, choose_ctx, estimate
+from llmd.models.memory import available_bytes, estimate, load_ctx
 from llmd.models.registry import MODEL_NAME, NO_DRAFT, check_pair
 
 
@@ -108,7 +108,7 @@ def _describe(request: Request, row: dict[str, Any]) -> dict[str, Any]:
            "loaded": row["name"] in scheduler.workers, "active": row["name"] == scheduler.active_model}
     if row["format"] == "gguf":
         info = read_gguf(row["path"])
-        ctx = choose_ctx(info, s.slots, fixed_ctx(s.ctx))
+        ctx = load_ctx(info, s.slots, fixed_ctx(s.ctx), s.ctx_start)
         out.update(gguf=info.summary(), memory_estimate=estimate(info, ctx.n_ctx, s.slots).as_dict(),
                    ctx_reason=ctx.reason)
     out["fill_in_the_middle"] = len(fim_spellings(row)) == 3  # /infill, and `suffix` on Ollama's and OpenAI's

@@ -39,7 +39,7 @@ from llmd.daemon.routes._common import (
 )
 from llmd.daemon.routes.openai import chat_logprobs
 from llmd.errors import BadRequest, LlmdError
-from llmd.models.memory import choose_ctx
+from llmd.models.memory import load_ctx
 
 log = logging.getLogger("llmd.requests")
 # the Ollama API version whose routes and shapes these follow (with the Responses API that Ollama
@@ -374,7 +374,7 @@ def _context_of(request: Request, name: str, info: Any) -> int:
     if worker is not None and worker.cfg is not None:
         return int(worker.cfg.n_ctx)
     s = request.app.state.settings
-    return choose_ctx(info, s.slots, fixed_ctx(s.ctx)).n_ctx if info is not None else 0
+    return load_ctx(info, s.slots, fixed_ctx(s.ctx), s.ctx_start).n_ctx if info is not None else 0
 
 
 async def show(request: Request) -> Response:
