@@ -237,6 +237,8 @@ class Scheduler:
             return
         if w.remote or w.cfg is None or want <= w.cfg.n_ctx or (m.ctx_refused and want >= m.ctx_refused):
             return
+        if want <= w.cfg.ctx_ceiling:  # within what it grows to by use: when a prompt needs it, not now
+            return
         loaded = w.cfg.n_ctx
         why = f"{m.users - 1} other requests are using it" if m.users > 1 else self._grow_refusal(m, w, want)
         if why:
@@ -438,7 +440,9 @@ class Scheduler:
         ctx = load_ctx(info, s.slots, fixed, s.ctx_start, None, draft)
         m = self.state(name)
         wanted, m.ctx_refused = m.ctx_wanted, 0  # a load asks memory again
-        if wanted > ctx.n_ctx:
+        # a num_ctx within the ceiling is served by use (Cline sends 32768 with every request): only a
+        # prompt that needed more, or a num_ctx beyond the ceiling, loads a larger context up front
+        if wanted > ctx.n_ctx and (m.ctx_why or wanted > ctx.ceiling):
             why = grow_refusal(info, draft, s.slots, wanted, available_bytes())  # nothing of it is loaded now
             if why is None:
                 beyond = (f"; beyond the {info.context_length} tokens the model was trained for"

@@ -369,12 +369,17 @@ def capabilities(info: Any, fills_middle: bool = False) -> list[str]:
 
 
 def _context_of(request: Request, name: str, info: Any) -> int:
-    """The context per slot a request to this model gets: the loaded one, else what a load would choose."""
+    """The context per slot a request to this model can get: the loaded one or what it grows to when
+    a prompt needs it (memory.starting_ctx), else what a load would choose. Continue sizes its
+    prompts by this."""
     worker = request.app.state.scheduler.workers.get(name)
     if worker is not None and worker.cfg is not None:
-        return int(worker.cfg.n_ctx)
+        return int(max(worker.cfg.n_ctx, worker.cfg.ctx_ceiling))
     s = request.app.state.settings
-    return load_ctx(info, s.slots, fixed_ctx(s.ctx), s.ctx_start).n_ctx if info is not None else 0
+    if info is None:
+        return 0
+    ctx = load_ctx(info, s.slots, fixed_ctx(s.ctx), s.ctx_start)
+    return max(ctx.n_ctx, ctx.ceiling)
 
 
 async def show(request: Request) -> Response:
