@@ -3,8 +3,8 @@ the engine orders by (issue 48: an editor, a chat and an agent on one machine).
 
 - interactive: someone waits on it now (fill-in-the-middle, a streamed chat, a reply asked for);
 - agent: an agent's turn (tools offered): minutes of work nobody watches token by token;
-- background: a front end's own task requests (Open WebUI's titles, tags and follow-ups) and
-  embedding batches.
+- background: a front end's own task requests (Open WebUI's titles, tags and follow-ups, opencode's
+  session titles) and embedding batches.
 
 A client may say its class with the X-LLMD-Priority header. A waiting request rises one class
 for every AGING_S it has waited, so no class is ever starved.
@@ -20,6 +20,15 @@ from llmd.errors import BadRequest
 CLASSES = ("interactive", "agent", "background")
 HEADER = "x-llmd-priority"
 AGING_S = 20.0
+
+# How front ends mark the requests they send for themselves beside the person's own (the role
+# whose text starts with it, the prefix, the front end): a title nobody waits for must not hold
+# the chat question that arrives with it (issue 48: opencode's 545-token title request, classed
+# interactive, made the desktop's first chat answer wait 8 s).
+FRONT_END_TASKS = (
+    ("user", "### Task:", "Open WebUI's titles, tags, follow-ups"),
+    ("system", "You are a title generator", "opencode's session title"),
+)
 
 
 def class_index(cls: str) -> int:
@@ -41,6 +50,18 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _front_end_task(messages: list[dict[str, Any]]) -> str | None:
+    """Which front end's own task request this chat is (FRONT_END_TASKS), if any: the last user
+    message or the first system message is read, as each front end puts its marker there."""
+    marked = {"user": next((m for m in reversed(messages) if m.get("role") == "user"), None),
+              "system": next((m for m in messages if m.get("role") == "system"), None)}
+    for role, prefix, who in FRONT_END_TASKS:
+        m = marked[role]
+        if m is not None and _text_of(m.get("content")).lstrip().startswith(prefix):
+            return who
+    return None
+
+
 def classify(headers: Mapping[str, str], req: Any, stream: bool) -> tuple[str, str]:
     """(class, why) of a generation request; a 400 for an X-LLMD-Priority that names no class."""
     asked = headers.get(HEADER, "").strip().lower()
@@ -51,9 +72,8 @@ def classify(headers: Mapping[str, str], req: Any, stream: bool) -> tuple[str, s
         return asked, "asked for (X-LLMD-Priority)"
     if req.fim is not None:
         return "interactive", "fill-in-the-middle: an editor waits on it"
-    last_user = next((m for m in reversed(req.messages or []) if m.get("role") == "user"), None)
-    if last_user is not None and _text_of(last_user.get("content")).lstrip().startswith("### Task:"):
-        return "background", "a front end's own task request (Open WebUI's titles, tags, follow-ups)"
+    if (task := _front_end_task(req.messages or [])) is not None:
+        return "background", f"a front end's own task request ({task})"
     if req.tools:
         return "agent", "tools offered: an agent's turn"
     return "interactive", "streamed to someone watching" if stream else "a reply someone waits for"

@@ -41,6 +41,7 @@ from llmd.config import Settings, draft_pairs, fixed_ctx, fixed_threads, parse_d
 from llmd.errors import (
     BadRequest,
     ContextGrow,
+    ContextOverflow,
     EngineCrashed,
     EngineError,
     ModelUnavailable,
@@ -64,6 +65,15 @@ from llmd.models.registry import Registry
 log = logging.getLogger("llmd.scheduler")
 
 GROW_STEP = 4096  # a context a request asks for (num_ctx) is rounded up to this, so creeping asks reload rarely
+# How long a prompt that needs a larger context waits for the model's other requests to finish
+# (new ones are held meanwhile); past it the prompt is served within the loaded context instead,
+# so an agent's long stream never holds the model's other users for longer.
+GROW_WAIT_S = 30.0
+
+
+def _grow_step(tokens: int) -> int:
+    """`tokens` rounded up to a whole GROW_STEP."""
+    return -(-tokens // GROW_STEP) * GROW_STEP
 
 CRASH_LIMIT = 3  # worker deaths of one model ...
 CRASH_WINDOW_S = 60.0  # ... within this many seconds stop it being started again
@@ -227,7 +237,7 @@ class Scheduler:
         context, and the log says why. A context never shrinks for a request that asks for less,
         and one refused is not asked again until memory could have changed (a load)."""
         m = self.state(name)
-        want = -(-want // GROW_STEP) * GROW_STEP
+        want = _grow_step(want)
         if want <= m.ctx_wanted and m.worker is None:
             return
         w = m.worker
@@ -252,38 +262,45 @@ class Scheduler:
         m.ctx_wanted, m.ctx_why = want, ""
         self._stop(name)
 
-    async def _grow_for_prompt(self, name: str, needed: int) -> bool:
+    async def _grow_for_prompt(self, name: str, needed: int) -> str:
         """A prompt needs `needed` tokens of context and the model, sized by use (memory.starting_ctx),
         may grow: load it again with at least twice its context (so growth is rare), up to its
         ceiling, once the requests it serves have finished (new ones wait for the load), when memory
-        allows it by the rule num_ctx follows. False (nothing changes) when memory does not allow it."""
+        allows it by the rule num_ctx follows. "grown" (submit again), or why not and nothing
+        changed: "refused" (memory) or "busy" (the others still ran after GROW_WAIT_S)."""
         m = self.state(name)
         if m.growing is not None:  # another prompt's growth is under way: this one is submitted after it
             await self._growth_done(name)
-            return True
+            return "grown"
         w = m.worker
         if w is None or w.cfg is None or not w.cfg.ctx_ceiling:
-            return m.worker is None  # reloaded meanwhile: submit again
+            return "grown" if m.worker is None else "refused"  # reloaded meanwhile: submit again
         loaded = w.cfg.n_ctx
-        want = min(w.cfg.ctx_ceiling, max(-(-needed // GROW_STEP) * GROW_STEP, 2 * loaded))
+        want = min(w.cfg.ctx_ceiling, max(_grow_step(needed), 2 * loaded))
         if want <= loaded:
-            return False
+            return "refused"
         why = self._grow_refusal(m, w, want)
         if why:
             log.warning("%s: a prompt needs a context of %d tokens per slot but it is loaded with %d, and %s; "
                         "serving it within %d", name, needed, loaded, why, loaded)
-            return False
+            return "refused"
         m.growing = asyncio.Event()
         try:
+            t0 = time.monotonic()
             while m.users - m.held > 1 and m.worker is w:  # the others' streams finish first
+                if time.monotonic() - t0 > GROW_WAIT_S:
+                    log.warning("%s: a prompt needs a context of %d tokens per slot but it is loaded with %d, "
+                                "and %d other requests were still running after %.0f s; serving it within %d",
+                                name, needed, loaded, m.users - m.held - 1, GROW_WAIT_S, loaded)
+                    return "busy"
                 await asyncio.sleep(0.05)
             if m.worker is not w:  # it was unloaded or reloaded meanwhile: the next load chooses again
-                return True
+                return "grown"
             log.info("loading %s again with a context of %d tokens per slot (was %d): a prompt needed %d",
                      name, want, loaded, needed)
             m.ctx_wanted, m.ctx_why = want, f"a prompt needed {needed} (it started at {loaded}; grows by use)"
             await self._stop(name)
-            return True
+            return "grown"
         finally:
             m.growing.set()
             m.growing = None
@@ -717,7 +734,7 @@ class Scheduler:
             queue = worker.submit(req)
             finished = False
             fallback = worker.fallback  # a remote model's local stand-in
-            started = False
+            started, busy_growth = False, 0
             try:
                 while True:
                     ev = await queue.get()
@@ -727,11 +744,19 @@ class Scheduler:
                         if isinstance(err, ContextGrow) and isinstance(req, GenerationRequest) and not started:
                             # the prompt needs a larger context than the model was loaded with
                             worker.forget(req.id)
-                            if not await self._grow_for_prompt(name, err.needed):
+                            grew = await self._grow_for_prompt(name, err.needed)
+                            if grew != "grown":
                                 req = replace(req, no_grow=True)
+                                busy_growth = err.needed if grew == "busy" else 0
                             worker, _ = await self.worker_for(name)
                             queue, finished = worker.submit(req), False
                             continue
+                        if busy_growth and isinstance(err, ContextOverflow):
+                            raise Overloaded(
+                                f"this prompt needs {busy_growth} tokens of context and {name} grows to hold it once "
+                                f"its other requests finish, but they were still running after {GROW_WAIT_S:.0f} s "
+                                "(the prompt does not fit the context loaded now); retry shortly",
+                                retry_after=5) from err
                         if fallback and not started and isinstance(err, ModelUnavailable) and fallback != name:
                             # every upstream is down: the local model configured for it answers
                             log.warning("%s: %s; answering with the fallback %s", name, err.message, fallback)

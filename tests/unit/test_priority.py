@@ -19,6 +19,14 @@ def test_each_request_gets_a_class_and_a_reason():
     assert classify({}, chat("fix it", tools=True), stream=True)[0] == "agent"
     title = chat("### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat history.")
     assert classify({}, title, stream=False)[0] == "background"
+    # opencode asks for its session's title beside the first question, streamed, on the same model
+    opencode = GenerationRequest(id="t", messages=[
+        {"role": "system", "content": "You are a title generator. You output ONLY a thread title. Nothing else."},
+        {"role": "user", "content": "Generate a title for this conversation:\n"},
+        {"role": "user", "content": "Create a file named hello.txt that contains the word hi."}])
+    assert classify({}, opencode, stream=True) == ("background", "a front end's own task request (opencode's session title)")
+    # a person's own chat that mentions a title stays interactive
+    assert classify({}, chat("You are a title generator? Write me a title."), stream=True)[0] == "interactive"
     fim = GenerationRequest(id="f", fim=FimPrompt(prefix="def f(", suffix=")"))
     assert classify({}, fim, stream=False)[0] == "interactive"
     assert classify({"x-llmd-priority": "Background"}, chat("hi"), stream=True) == (
