@@ -301,13 +301,14 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("name", "pid", "memory", "processor", "context", "until")
+    table = Table("name", "pid", "memory", "processor", "context", "until", "why loaded")
     for m in loaded:
         exp = m.get("expires_at")
         gpu = m.get("gpu_layers") or 0
+        why = "; ".join(w for w in (m.get("resident"), m.get("draft_copies")) if w)
         table.add_row(m["name"], str(m["pid"]), mib(m.get("memory_estimate", {}).get("total")),
                       "100% CPU" if not gpu else f"{gpu} layers GPU", str(m.get("n_ctx")),
-                      "forever" if exp is None else time.strftime("%H:%M:%S", time.localtime(exp)))
+                      "forever" if exp is None else time.strftime("%H:%M:%S", time.localtime(exp)), why)
     Console().print(table)
     return 0
 

@@ -38,6 +38,7 @@ from llmd.backends.repack import Decision, RepackRecord
 from llmd.backends.select import Choice, Probe, choose, formats_of
 from llmd.backends.worker import WorkerHandle
 from llmd.config import Settings, draft_pairs, fixed_ctx, fixed_threads, parse_duration
+from llmd.daemon.residency import draft_copies, why_resident
 from llmd.errors import (
     BadRequest,
     ContextGrow,
@@ -663,6 +664,12 @@ class Scheduler:
     def keep_alive_for(self, name: str) -> float | None:
         return self.state(name).keep_alive
 
+    def why_resident(self, name: str, short: bool = False) -> str:
+        """Why `name` is still loaded (residency.why_resident): its requests, or its keep-alive."""
+        m = self.state(name)
+        now = time.monotonic()
+        return why_resident(m.users, m.keep_alive, now - (m.last_used or now), short)
+
     def expires_at(self, name: str) -> float | None:
         keep = self.keep_alive_for(name)
         if keep is None:
@@ -808,7 +815,10 @@ class Scheduler:
             stats = await w.stats()
             loaded.append({"name": name, "pid": w.pid, "since": w.started, "open_requests": w.open_requests,
                            "expires_at": self.expires_at(name), "retiring": self.models[name].retiring,
+                           "resident": self.why_resident(name),
                            **{k: v for k, v in w.info.items() if k not in ("pid",)}, "stats": stats})
+        for entry in loaded:
+            entry["draft_copies"] = draft_copies(entry["name"], loaded)
         return {
             "active_model": self.active_model,
             "speculation": self.speculation,

@@ -63,6 +63,8 @@ def build_menu(state: dict[str, Any] | None, autostart: bool, speculation: str =
         ]
         loaded = state.get("loaded") or []
         items.append(Item(f"Loaded: {', '.join(loaded) if loaded else 'none'}", enabled=False))
+        for name, why in (state.get("resident") or {}).items():  # why each stays loaded
+            items.append(Item(f"  {name}: {why}", enabled=False))
         for a in state.get("apps") or []:
             items.append(Item(f"  {a['app']} → {a['model']}: {a['requests']} request(s)", enabled=False))
         models = tuple(Item(name, action=f"use:{name}", radio=True, checked=name == state.get("active_model"))

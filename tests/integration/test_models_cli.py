@@ -280,6 +280,8 @@ def test_idle_unload_and_keep_alive_zero(tmp_path: Path):
         time.sleep(2.5)
         assert loaded(d) == [SMOL]
         assert httpx.get(d.url + "/api/ps").json()["models"][0]["expires_at"].startswith("2318")
+        ps = json.loads(llmd(d, "ps", "--json").stdout)  # and says why it stays
+        assert ps[0]["resident"].startswith("pinned (keep_alive -1)")
     finally:
         d.stop()
 

@@ -34,9 +34,11 @@ def test_menu_for_a_running_daemon():
 
 def test_menu_shows_what_is_loaded_and_which_apps_use_it():
     state = {**STATE, "loaded": ["qwen2.5-coder-0.5b", "smollm2-135m"],
+             "resident": {"qwen2.5-coder-0.5b": "serving 1 request", "smollm2-135m": "idle 40 s of 5 min"},
              "apps": [{"app": "Continue", "model": "qwen2.5-coder-0.5b", "requests": 12}]}
     texts = [i.text for i in build_menu(state, autostart=False)]
     assert "Loaded: qwen2.5-coder-0.5b, smollm2-135m" in texts
+    assert "  qwen2.5-coder-0.5b: serving 1 request" in texts and "  smollm2-135m: idle 40 s of 5 min" in texts
     assert "  Continue → qwen2.5-coder-0.5b: 12 request(s)" in texts
 
 

@@ -209,3 +209,10 @@ def token_piece(vocab: Any, token: int, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(-n)
         n = L.llama_token_to_piece(vocab, token, buf, -n, 0, special)
     return buf.raw[:n]
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (what a load adds is the difference)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from llmd.backends.llamacpp.batch import put
-from llmd.backends.llamacpp.context import Decoder, load_model, new_context, warm_up
+from llmd.backends.llamacpp.context import Decoder, load_model, new_context, resident_bytes, warm_up
 from llmd.errors import EngineError
 
 log = logging.getLogger("llmd.draft")
@@ -35,6 +35,7 @@ class DraftModel:
 
         self._L = L
         self.path = path
+        rss0 = resident_bytes()
         self.model = load_model(path, 0, repack, "the draft model")
         vocab = L.llama_model_get_vocab(self.model)
         # a draft id the target does not have is never proposed (vocabularies may differ by a few)
@@ -53,10 +54,11 @@ class DraftModel:
             raise EngineError(f"llama.cpp failed the draft model's warm-up decode ({path})")
         self.step_s = self._time_one_step()  # one drafted token for one slot, on this machine
         self.catchup_s = self.step_s / 2  # per accepted token brought in; a guess until timed
+        self.rss_load = resident_bytes() - rss0  # what this copy of it costs (status: why a second copy)
 
     def info(self) -> dict[str, Any]:
         return {"path": self.path, "n_vocab": self.n_vocab, "step_ms": round(self.step_s * 1000, 2),
-                "catchup_ms": round(self.catchup_s * 1000, 2)}
+                "catchup_ms": round(self.catchup_s * 1000, 2), "rss_load_bytes": self.rss_load}
 
     def propose(self, jobs: list[tuple[int, list[int], int]]) -> list[list[int]]:
         """For each (seq, context ending with the slot's pending token, k): up to k greedy drafts.

@@ -53,6 +53,7 @@ from llmd.backends.llamacpp.context import (
     load_model,
     new_context,
     physical_cores,
+    resident_bytes,
     token_piece,
     tokenize,
     warm_up,
@@ -100,12 +101,6 @@ def _key(path: str) -> bytes:
     return key if len(key) == 32 else b""
 
 
-def _rss() -> int:
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
-
-
 class LlamaCppEngine:
     name = "llama.cpp"
     supports_speculation = True
@@ -127,7 +122,7 @@ class LlamaCppEngine:
         self.chunk = cfg.chunk
         self.exact = cfg.exact
         self.budget = max(1, cfg.prefill_budget)
-        rss0 = _rss()
+        rss0 = resident_bytes()
         t0 = time.perf_counter()
         self.model = load_model(cfg.model_path, cfg.gpu_layers, cfg.repack)
         self.vocab = L.llama_model_get_vocab(self.model)
@@ -231,7 +226,7 @@ class LlamaCppEngine:
         self.spec = Speculator(*self._load_draft())
         self.embedder: Embedder | None = None
         self.load_s = time.perf_counter() - t0
-        self.rss_load = _rss() - rss0
+        self.rss_load = resident_bytes() - rss0
 
     # ---- public interface -------------------------------------------------------------------
 

@@ -288,6 +288,7 @@ async def tray_state(request: Request) -> dict[str, Any]:
         "speculation": scheduler.speculation,
         "models": app.state.registry.names(),
         "loaded": sorted(scheduler.workers),
+        "resident": {name: scheduler.why_resident(name, short=True) for name in sorted(scheduler.workers)},
         "loading": scheduler.loading,
         "requests_in_flight": scheduler.in_flight,
         "backend": {"name": choice.backend, "precision": choice.precision} if choice else None,
