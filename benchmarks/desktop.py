@@ -5,7 +5,8 @@ per model, the same threads each, as llama-swap does), and against each workload
 - editor: a person types Python's textwrap.py with autocomplete on Qwen2.5-Coder 0.5B (the typing
   trace of benchmarks/autocomplete.py, /infill, each request dropped at the next keystroke);
 - chat: a question to Qwen2.5-Coder 1.5B every CHAT_EVERY_S seconds, streamed (time to first token);
-- agent: opencode's recorded session (benchmarks/data) replayed turn after turn on the 1.5B;
+- agent: opencode's recorded session (benchmarks/data) replayed turn after turn on the 1.5B (its
+  title request beside the first turn, as opencode sends it; turns counted without it);
 - indexer: chunks of Python's json package embedded with nomic-embed-text, BATCH at a time.
 
 The run lasts as long as the person types; the other workloads stop with it. Per workload: what
@@ -61,6 +62,7 @@ class Outcome:
     seconds: float = 0.0
     reloads: int = 0
     rss: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds each model's process used in the run
     errors: list[str] = field(default_factory=list)
 
 
@@ -87,12 +89,31 @@ def chat_loop(url: str, stop_: Stop, out: Outcome) -> None:
         stop_.wait(CHAT_EVERY_S)
 
 
+def _titles(body: dict[str, Any]) -> bool:
+    """opencode's session-title request: opencode sends it beside the first turn, not before it."""
+    first = (body.get("messages") or [{}])[0]
+    return first.get("role") == "system" and str(first.get("content", "")).startswith("You are a title generator")
+
+
 def agent_loop(url: str, stop_: Stop, out: Outcome) -> None:
+    """The recording's turns one after another, its title request beside the first, as opencode
+    sends them; a turn counts when its reply is whole (the title is not a turn)."""
     turns = load(DATA / RECORDING, CHAT)
+
+    def title(path: str, body: dict[str, Any]) -> None:
+        try:
+            send(url, path, body)
+        except Exception as e:  # noqa: BLE001
+            if not stop_.event.is_set():
+                out.errors.append(f"agent's title: {e}")
+
     while not stop_.event.is_set():
         for path, body in turns:
             if stop_.event.is_set():
                 return
+            if _titles(body):
+                threading.Thread(target=title, args=(path, body), daemon=True).start()
+                continue
             try:
                 send(url, path, body)
                 out.agent_turns += 1
@@ -174,6 +195,25 @@ def tree_rss(pids: list[int]) -> int:
     return total
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) each named process has used so far."""
+    out = {}
+    for name, pid in pids.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[name] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
+def cpu_used(before: dict[str, int], pids: dict[str, int], at_start: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each model's process used since `at_start` (a process that replaced one counts whole)."""
+    now = cpu_seconds(pids)
+    return {name: now[name] - (at_start.get(name, 0.0) if before.get(name) == pids[name] else 0.0)
+            for name in now}
+
+
 def llmd_run(models: dict[str, str], workloads: list[str], text: str, events: Any, end: int) -> Outcome:
     proc, url, _ = start_llmd_with(models)  # LLMD_MAX_LOADED and everything else: the defaults
     seen: dict[str, set[int]] = {}
@@ -186,11 +226,17 @@ def llmd_run(models: dict[str, str], workloads: list[str], text: str, events: An
             except httpx.HTTPError:
                 pass
 
+    def workers() -> dict[str, int]:
+        return {m["name"]: m["pid"] for m in httpx.get(url + "/llmd/status", timeout=30).json()["loaded"]}
+
     try:
         warm(url, workloads, models)
+        pids = workers()
+        at_start = cpu_seconds(pids)
         out = run({w: url for w in ("editor", "chat", "agent", "indexer")}, workloads, text, events, end, watch)
         out.reloads = sum(len(p) - 1 for p in seen.values())
         out.rss = tree_rss([proc.pid])
+        out.cpu = cpu_used(pids, workers(), at_start)
         return out
     finally:
         stop(proc)
@@ -233,8 +279,11 @@ def llama_servers(models: dict[str, str], workloads: list[str], text: str, event
         urls = {"editor": procs[CODER][1], "chat": procs[CHAT][1], "agent": procs[CHAT][1], "indexer": procs[EMBED][1]}
         for w in workloads:
             warm(urls[w], [w], models)
+        pids = {name: p.pid for name, (p, _) in procs.items()}
+        at_start = cpu_seconds(pids)
         out = run(urls, workloads, text, events, end)
         out.rss = tree_rss([p.pid for p, _ in procs.values()])
+        out.cpu = cpu_used(pids, pids, at_start)
         return out
     finally:
         for p, _ in procs.values():
@@ -272,20 +321,25 @@ def main() -> None:
     print("| run | editor: shown in time, characters accepted | chat first token p50 / p90 s (n) | agent turns "
           "| embeddings/s | reloads | resident GiB | errors |\n|---|---|---|---|---|---|---|---|", flush=True)
     errors: list[str] = []
+    cpu: list[str] = []
     systems = args.systems.split(",")
+
+    def report(name: str, o: Outcome) -> None:
+        print(row(name, o), flush=True)
+        errors.extend(o.errors)
+        cpu.append(f"{name}: " + ", ".join(f"{m} {s:.0f} s" for m, s in sorted(o.cpu.items(), key=lambda x: -x[1]))
+                   + f" of {o.seconds * (os.cpu_count() or 1):.0f} CPU-seconds")
+
     if "all" in systems:
-        o = llmd_run(models, everything, text, events, end)
-        print(row("llmd, all four at once", o), flush=True)
-        errors += o.errors
+        report("llmd, all four at once", llmd_run(models, everything, text, events, end))
     if "llama-server" in systems:
-        o = llama_servers(models, everything, text, events, end)
-        print(row("llama-server x3, all four at once", o), flush=True)
-        errors += o.errors
+        report("llama-server x3, all four at once", llama_servers(models, everything, text, events, end))
     if "alone" in systems:
         for w in everything:
-            o = llmd_run(models, [w], text, events, end)
-            print(row(f"llmd, {w} alone", o), flush=True)
-            errors += o.errors
+            report(f"llmd, {w} alone", llmd_run(models, [w], text, events, end))
+    print("\nCPU seconds each model's process used during the run (the chat and the agent share the 1.5B's):")
+    for line in cpu:
+        print(f"- {line}")
     for e in errors[:10]:
         print(f"error: {e}")
     print(json.dumps({"seconds_typed": round(typing_seconds(events), 1)}))

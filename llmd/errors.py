@@ -63,7 +63,6 @@ class ContextGrow(LlmdError):
         return (self.code, self.message, str(self.needed))  # the param field carries the tokens needed
 
 
-
 class GrammarError(BadRequest):
     code = "invalid_response_format"
 

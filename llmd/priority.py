@@ -6,8 +6,8 @@ the engine orders by (issue 48: an editor, a chat and an agent on one machine).
 - background: a front end's own task requests (Open WebUI's titles, tags and follow-ups, opencode's
   session titles) and embedding batches.
 
-A client may say its class with the X-LLMD-Priority header. A waiting request rises one class
-for every AGING_S it has waited, so no class is ever starved.
+A client may say its class with the X-LLMD-Priority header or a `priority` field in the body. A
+waiting request rises one class for every AGING_S it has waited, so no class is ever starved.
 """
 
 from __future__ import annotations
@@ -62,14 +62,22 @@ def _front_end_task(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def classify(headers: Mapping[str, str], req: Any, stream: bool) -> tuple[str, str]:
-    """(class, why) of a generation request; a 400 for an X-LLMD-Priority that names no class."""
-    asked = headers.get(HEADER, "").strip().lower()
-    if asked:
-        if asked not in CLASSES:
-            raise BadRequest(f"X-LLMD-Priority {asked[:40]!r} is not a class; use one of {', '.join(CLASSES)}",
-                             "X-LLMD-Priority")
-        return asked, "asked for (X-LLMD-Priority)"
+def classify(headers: Mapping[str, str], req: Any, stream: bool, body_asks: str = "") -> tuple[str, str]:
+    """(class, why) of a generation request: as the client asks (the X-LLMD-Priority header or the
+    body's `priority` field), else by what it is. A 400 for a class that is none, or for a header
+    and a field that disagree."""
+    header = headers.get(HEADER, "").strip().lower()
+    field = body_asks.strip().lower()
+    for asked, where in ((header, "X-LLMD-Priority"), (field, "priority")):
+        if asked and asked not in CLASSES:
+            raise BadRequest(f"{where} {asked[:40]!r} is not a class; use one of {', '.join(CLASSES)}", where)
+    if header and field and header != field:
+        raise BadRequest(f"X-LLMD-Priority says {header!r} and the body's priority says {field!r}; send one",
+                         "priority")
+    if header:
+        return header, "asked for (X-LLMD-Priority)"
+    if field:
+        return field, "asked for (the body's priority field)"
     if req.fim is not None:
         return "interactive", "fill-in-the-middle: an editor waits on it"
     if (task := _front_end_task(req.messages or [])) is not None:

@@ -33,6 +33,13 @@ def test_each_request_gets_a_class_and_a_reason():
         "background", "asked for (X-LLMD-Priority)")
     with pytest.raises(BadRequest, match="interactive, agent, background"):
         classify({"x-llmd-priority": "urgent"}, chat("hi"), stream=True)
+    # or the body's priority field
+    assert classify({}, chat("hi"), True, body_asks="agent") == ("agent", "asked for (the body's priority field)")
+    assert classify({"x-llmd-priority": "agent"}, chat("hi"), True, body_asks="Agent")[0] == "agent"
+    with pytest.raises(BadRequest, match="priority 'soon' is not a class"):
+        classify({}, chat("hi"), True, body_asks="soon")
+    with pytest.raises(BadRequest, match="X-LLMD-Priority says 'agent' and the body's priority says 'background'"):
+        classify({"x-llmd-priority": "agent"}, chat("hi"), True, body_asks="background")
 
 
 def test_a_higher_class_runs_first_and_a_waiting_one_rises():

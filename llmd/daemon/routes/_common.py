@@ -110,9 +110,15 @@ def _check_extras(request: Request, body: BaseModel) -> None:
             raise BadRequest(f"{name}: {REFUSED[name]}", name)
     if extra.get("modalities") not in (None, ["text"]):
         raise BadRequest("modalities: llmd answers text only; send [\"text\"] or leave it out", "modalities")
+    # llmd's priority class (llmd.priority), as the body may say it; an integer is vLLM's own
+    # field (lower runs first), which names no class: ignored, and said so like any unknown field
+    asked = extra.get("priority")
+    if isinstance(asked, str):
+        request.state.priority_asked = asked
     # named in a header: only printable ASCII goes in one (others become ?), and only a few names
     unknown = sorted(printable(n, 40)
-                     for n in extra if n not in IGNORED and n not in REFUSED)[:16]
+                     for n in extra if n not in IGNORED and n not in REFUSED
+                     and not (n == "priority" and isinstance(asked, str)))[:16]
     if unknown:
         request.state.ignored = unknown
         new = [n for n in unknown if n not in _seen_unknown]
@@ -396,7 +402,7 @@ async def start_run(request: Request, model: str | None, req: GenerationRequest,
     """The request submitted and its first event awaited (errors raised as 4xx/5xx); for a `stream`,
     awaited at most `first_wait`, after which the Run yields keep-alives until it comes."""
     _note_loosened(request, req)
-    cls, why = classify(request.headers, req, stream)
+    cls, why = classify(request.headers, req, stream, getattr(request.state, "priority_asked", ""))
     req = replace(req, priority=cls)
     try:
         run = await _start(request, model, req, first_wait if stream else None)
