@@ -228,6 +228,19 @@ class Cleared:
 
 
 @dataclass(frozen=True)
+class Grow:
+    """daemon -> worker: a larger context per slot, the weights kept (llama.cpp: growth.py), sent
+    when the model has no request open."""
+    n_ctx: int
+
+
+@dataclass(frozen=True)
+class Grown:
+    """worker -> daemon: the engine's info after Grow, or {"error": why} when it did not grow."""
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model_path: str
     model_name: str

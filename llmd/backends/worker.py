@@ -28,6 +28,8 @@ from llmd.backends.base import (
     ErrorEvent,
     Event,
     GenerationRequest,
+    Grow,
+    Grown,
     Loaded,
     Reprioritize,
     Shutdown,
@@ -166,6 +168,8 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                     conn.send(Stats(engine.stats()))
                 elif isinstance(msg, ClearCaches):
                     conn.send(Cleared(engine.clear_caches()))
+                elif isinstance(msg, Grow):
+                    conn.send(Grown(_grow(engine, msg.n_ctx)))
                 elif isinstance(msg, Shutdown):
                     return
             if sent_by_class is not None and sent.value == received:
@@ -189,6 +193,20 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
         if turn is not None:
             turn.done()
         engine.close()
+
+
+def _grow(engine: Any, n_ctx: int) -> dict[str, Any]:
+    """The engine's context grown in place (its info after), or {"error": why} when it cannot."""
+    grow = getattr(engine, "grow", None)
+    if grow is None:
+        return {"error": f"the {getattr(engine, 'name', 'engine')} engine does not grow its context in place"}
+    try:
+        return dict(grow(n_ctx))
+    except LlmdError as e:
+        return {"error": e.message}
+    except Exception as e:  # a llama.cpp failure: the daemon loads the model again instead
+        log.exception("growing the context in place failed")
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 PAUSED_POLL_S = 0.005  # a paused worker looks at the board again this often (and at its pipe)
@@ -390,7 +408,7 @@ class WorkerHandle:
     async def stats(self, timeout: float = 2.0) -> dict[str, Any]:
         """The engine's figures; when it is too slow to answer (a long step on a busy machine), the
         last ones it gave, with `stale_s` saying how old they are, rather than nothing."""
-        info = await self._ask(StatsRequest, timeout)
+        info = await self._ask(StatsRequest(), timeout)
         if info:
             self._last_stats = (time.monotonic(), info)
             return info
@@ -401,23 +419,29 @@ class WorkerHandle:
 
     async def clear_caches(self, timeout: float = 60.0) -> dict[str, Any]:
         """The engine drops its caches (between steps, in the worker); {} if it is gone or too slow."""
-        return await self._ask(ClearCaches, timeout)
+        return await self._ask(ClearCaches(), timeout)
 
-    async def _ask(self, command: type[StatsRequest | ClearCaches], timeout: float) -> dict[str, Any]:
+    async def grow(self, n_ctx: int, timeout: float = 300.0) -> dict[str, Any]:
+        """The engine's context made `n_ctx` tokens per slot in place (Grow): its info after, or
+        {"error": why}; {} when the worker is gone or too slow."""
+        return await self._ask(Grow(n_ctx), timeout)
+
+    async def _ask(self, message: StatsRequest | ClearCaches | Grow, timeout: float) -> dict[str, Any]:
         """Send a command the worker answers with a dict (one of each kind in flight: callers share
         it) and wait for the answer; {} when the worker is gone, not loaded, or too slow."""
         if not self.alive or not self._loaded.done():
             return {}
+        command = type(message)
         fut = self._asked.get(command)
         if fut is None or fut.done():
             fut = self._asked[command] = self.loop.create_future()
-            self._outbox.put(command())
+            self._outbox.put(message)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
             return {}
 
-    def _answered(self, command: type[StatsRequest | ClearCaches], info: dict[str, Any]) -> None:
+    def _answered(self, command: type[StatsRequest | ClearCaches | Grow], info: dict[str, Any]) -> None:
         fut = self._asked.get(command)
         if fut is not None and not fut.done():
             fut.set_result(info)
@@ -473,6 +497,8 @@ class WorkerHandle:
                     self.loop.call_soon_threadsafe(self._answered, StatsRequest, msg.info)
                 elif isinstance(msg, Cleared):
                     self.loop.call_soon_threadsafe(self._answered, ClearCaches, msg.info)
+                elif isinstance(msg, Grown):
+                    self.loop.call_soon_threadsafe(self._answered, Grow, msg.info)
         except (EOFError, OSError):
             pass
         # the writer waits on its outbox: end it, then close the pipe (neither outlives the worker)

@@ -58,6 +58,7 @@ from llmd.models.memory import (
     Estimate,
     available_bytes,
     check_fit,
+    combined_estimate,
     grow_refusal,
     load_ctx,
 )
@@ -297,14 +298,39 @@ class Scheduler:
                 await asyncio.sleep(0.05)
             if m.worker is not w:  # it was unloaded or reloaded meanwhile: the next load chooses again
                 return "grown"
+            m.ctx_wanted, m.ctx_why = want, f"a prompt needed {needed} (it started at {loaded}; grows by use)"
+            if await self._grow_in_place(name, w, want, needed):
+                return "grown"
             log.info("loading %s again with a context of %d tokens per slot (was %d): a prompt needed %d",
                      name, want, loaded, needed)
-            m.ctx_wanted, m.ctx_why = want, f"a prompt needed {needed} (it started at {loaded}; grows by use)"
             await self._stop(name)
             return "grown"
         finally:
             m.growing.set()
             m.growing = None
+
+    async def _grow_in_place(self, name: str, w: Handle, want: int, needed: int) -> bool:
+        """The worker's context grown to `want` tokens per slot with its weights kept (no reload: a
+        few seconds and the in-memory prefix cache saved); False when it did not, and why is logged."""
+        if not isinstance(w, WorkerHandle) or w.cfg is None:  # a remote model, or a test's stand-in
+            return False
+        loaded, t0 = w.cfg.n_ctx, time.perf_counter()
+        info = await w.grow(want)
+        if not info or "error" in info:
+            log.warning("%s: its context did not grow in place (%s); loading it again instead", name,
+                        info.get("error") if info else "the worker did not answer")
+            return False
+        w.cfg = replace(w.cfg, n_ctx=want)
+        info.pop("pid", None)
+        w.info.update(info)
+        w.info["ctx_reason"] = f"{want} tokens per slot: {self.state(name).ctx_why}, grown in place"
+        main, draft = self.state(name).gguf
+        if main is not None:
+            flash = flash_attention(self.settings.flash_attn, self.settings.exact, w.cfg.gpu_layers)
+            w.info["memory_estimate"] = combined_estimate(main, draft, want, w.cfg.n_slots, flash).as_dict()
+        log.info("%s: context grown in place from %d to %d tokens per slot in %.2f s: a prompt needed %d",
+                 name, loaded, want, time.perf_counter() - t0, needed)
+        return True
 
     async def _growth_done(self, name: str) -> None:
         """Wait while the model loads again with a larger context (counted in `held`: the growth waits

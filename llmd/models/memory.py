@@ -171,15 +171,23 @@ def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
+def combined_estimate(info: GGUFInfo, draft: GGUFInfo | None, n_ctx: int, n_slots: int,
+                      flash_attn: bool = True) -> Estimate:
+    """A load's memory: the model's, plus its draft model's (same slots, always flash attention,
+    draft_model.py) when it has one."""
+    est = estimate(info, n_ctx, n_slots, flash_attn)
+    if draft is not None:
+        d = estimate(draft, n_ctx, n_slots, flash_attn=True)
+        est = Estimate(est.weights + d.weights, est.kv + d.kv, est.compute + d.compute, n_ctx, n_slots)
+    return est
+
+
 def check_fit(name: str, info: GGUFInfo, n_ctx: int, n_slots: int, available: int | None = None,
               draft: GGUFInfo | None = None, flash_attn: bool = True) -> Estimate:
     """Raise DoesNotFit, with the numbers and the ways out, when the load would not fit in RAM.
     A paired draft model loads in the same worker with the same slots: it counts too, with flash
     attention whatever the target uses (draft_model.py), so without an attention scratch."""
-    est = estimate(info, n_ctx, n_slots, flash_attn)
-    if draft is not None:
-        d = estimate(draft, n_ctx, n_slots, flash_attn=True)
-        est = Estimate(est.weights + d.weights, est.kv + d.kv, est.compute + d.compute, n_ctx, n_slots)
+    est = combined_estimate(info, draft, n_ctx, n_slots, flash_attn)
     avail = available_bytes() if available is None else available
     if est.total <= avail:
         return est

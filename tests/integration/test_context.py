@@ -118,15 +118,17 @@ def test_num_ctx_above_the_loaded_context_loads_a_larger_one(small: Daemon):
 
 
 def test_a_context_sized_by_use_grows_when_a_prompt_needs_it(tmp_path):
-    """LLMD_CTX=auto starts a model small (LLMD_CTX_START) and loads it again with more when a
-    prompt needs it, up to the automatic choice (SmolLM2: 8,192): a long prompt is answered, not
-    refused, while another request streams beside it; Ollama's chat grows rather than loses its
-    oldest messages; a prompt beyond the ceiling is a 400 that names both numbers."""
+    """LLMD_CTX=auto starts a model small (LLMD_CTX_START) and grows its context in place (same
+    worker, weights kept) when a prompt needs it, up to the automatic choice (SmolLM2: 8,192): a
+    long prompt is answered, not refused, while another request streams beside it; Ollama's chat
+    grows rather than loses its oldest messages; what the slots held before a growth is still
+    there after it; a prompt beyond the ceiling is a 400 that names both numbers."""
     d = Daemon(tmp_path / "home", env={"LLMD_CTX_START": "2048", "LLMD_SLOTS": "2"}).start()
     try:
         with d.client() as http:
             m = http.get("/llmd/status").json()["loaded"][0]
             assert m["n_ctx"] == 2048 and "grows up to 8192" in m["ctx_reason"], m
+            pid = m["pid"]
             streamed: list[str] = []
 
             def stream() -> None:
@@ -144,18 +146,24 @@ def test_a_context_sized_by_use_grows_when_a_prompt_needs_it(tmp_path):
             assert r.json()["usage"]["prompt_tokens"] > 2048, r.json()["usage"]
             assert streamed and streamed[-1] == "data: [DONE]", streamed[-3:]  # the stream beside it finished whole
             m = http.get("/llmd/status").json()["loaded"][0]
-            assert m["n_ctx"] == 4096 and "a prompt needed" in m["ctx_reason"], m
+            assert m["n_ctx"] == 4096 and m["pid"] == pid, m  # grown in place: no reload
+            assert "a prompt needed" in m["ctx_reason"] and "grown in place" in m["ctx_reason"], m
+            assert m["memory_estimate"]["n_ctx"] == 4096, m["memory_estimate"]
             r = http.post("/api/chat", json={"model": "smollm2-135m", "messages": chat(40), "stream": False,
                                              "options": {"num_predict": 4}})
             assert r.status_code == 200 and "X-LLMD-Dropped-Messages" not in r.headers, r.text
             assert r.json()["prompt_eval_count"] > 4096
             assert http.get("/llmd/status").json()["loaded"][0]["n_ctx"] == 8192
+            r = http.post("/v1/chat/completions", json={"messages": long, "max_tokens": 4},
+                          headers={"Cache-Control": "no-store"})  # read before the second growth
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 2048, r.json()["usage"]
             r = http.post("/v1/chat/completions", json={"messages": chat(70), "max_tokens": 4})
             assert r.status_code == 400 and "8192" in r.json()["error"]["message"], r.text
     finally:
         d.stop()
     log = d.log.read_text()
-    assert "again with a context of 4096 tokens per slot (was 2048): a prompt needed" in log, log[-3000:]
+    assert "context grown in place from 2048 to 4096 tokens per slot in" in log, log[-3000:]
+    assert "loading smollm2-135m again" not in log, log[-3000:]
 
 
 def test_dropping_keeps_turns_a_strict_template_accepts(tmp_path):

@@ -42,16 +42,18 @@ class DraftModel:
         self.n_vocab = L.llama_vocab_n_tokens(vocab)
         self.limit = min(self.n_vocab, target_n_vocab)
         self.n_batch = 512
-        self.ctx = new_context(self.model, n_ctx * n_slots, self.n_batch, n_slots, threads, unified=False)
-        if not self.ctx:
-            L.llama_model_free(self.model)
-            raise EngineError(f"llama.cpp could not create the draft model's context ({n_slots} x {n_ctx} tokens)")
-        self.mem = L.llama_get_memory(self.ctx)
+        self.threads, self.repack = threads, repack
+        self.ctx: Any = None  # made (and made again when the target's grows) by _make_context
+        self.mem: Any = None
+        self._llama_decode: Any = None
+        self.seqs: list[list[int]] = []
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
-        self._llama_decode = Decoder(self.ctx, repack)
-        self.seqs: list[list[int]] = [[] for _ in range(n_slots)]
-        if not warm_up(self._llama_decode, self.batch, self.mem, 64, n_slots, self.n_vocab):
-            raise EngineError(f"llama.cpp failed the draft model's warm-up decode ({path})")
+        try:
+            self._make_context(n_ctx, n_slots)
+        except EngineError:
+            L.llama_batch_free(self.batch)
+            L.llama_model_free(self.model)
+            raise
         self.step_s = self._time_one_step()  # one drafted token for one slot, on this machine
         self.catchup_s = self.step_s / 2  # per accepted token brought in; a guess until timed
         self.rss_load = resident_bytes() - rss0  # what this copy of it costs (status: why a second copy)
@@ -106,11 +108,30 @@ class DraftModel:
             rows = nxt
         return out
 
+    def resize(self, n_ctx: int, n_slots: int) -> None:
+        """A context of `n_ctx` tokens per slot (the target's grew in place: growth.py); what the
+        sequences held is dropped and caught up at the next draft."""
+        self._L.llama_free(self.ctx)
+        self.ctx = None
+        self._make_context(n_ctx, n_slots)
+
     def close(self) -> None:
         L = self._L
         L.llama_batch_free(self.batch)
-        L.llama_free(self.ctx)
+        if self.ctx:
+            L.llama_free(self.ctx)
         L.llama_model_free(self.model)
+
+    def _make_context(self, n_ctx: int, n_slots: int) -> None:
+        L = self._L
+        self.ctx = new_context(self.model, n_ctx * n_slots, self.n_batch, n_slots, self.threads, unified=False)
+        if not self.ctx:
+            raise EngineError(f"llama.cpp could not create the draft model's context ({n_slots} x {n_ctx} tokens)")
+        self.mem = L.llama_get_memory(self.ctx)
+        self._llama_decode = Decoder(self.ctx, self.repack)
+        self.seqs = [[] for _ in range(n_slots)]
+        if not warm_up(self._llama_decode, self.batch, self.mem, 64, n_slots, self.n_vocab):
+            raise EngineError(f"llama.cpp failed the draft model's warm-up decode ({self.path})")
 
     # ---- helpers ----------------------------------------------------------------------------
 

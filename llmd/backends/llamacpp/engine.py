@@ -60,6 +60,7 @@ from llmd.backends.llamacpp.context import (
 )
 from llmd.backends.llamacpp.draft_model import DraftModel
 from llmd.backends.llamacpp.embeddings import Embedder
+from llmd.backends.llamacpp.growth import grow_in_place
 from llmd.backends.llamacpp.healing import Healer
 from llmd.backends.llamacpp.idle_work import IdleWork
 from llmd.backends.llamacpp.kv_copy import PrefixCopier
@@ -346,6 +347,10 @@ class LlamaCppEngine:
             "profile": self.profiler.summary(),
         }
 
+    def grow(self, n_ctx: int) -> dict[str, Any]:
+        """A larger context per slot, weights kept, while no request is in the engine (growth.py)."""
+        return grow_in_place(self, n_ctx)
+
     def clear_caches(self) -> dict[str, Any]:
         if self.prefix is None:
             return {"prefixes_cleared": 0, "namespace": ""}
@@ -374,7 +379,8 @@ class LlamaCppEngine:
             self.embedder.close()
         self.idle.close()
         L.llama_batch_free(self.batch)
-        L.llama_free(self.ctx)
+        if self.ctx:  # None after a growth that could make no context (growth.py)
+            L.llama_free(self.ctx)
         L.llama_model_free(self.model)
 
     # ---- the step loop ----------------------------------------------------------------------
