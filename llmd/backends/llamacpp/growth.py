@@ -15,7 +15,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from llmd.backends.llamacpp.context import Decoder, new_context
+from llmd.backends.llamacpp.context import Decoder, new_context, warm_up
 from llmd.backends.llamacpp.prompt_rows import PromptRows
 from llmd.errors import EngineError
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from llmd.backends.llamacpp.engine import LlamaCppEngine
 
 log = logging.getLogger("llmd.engine")
+WARM_ROWS = 16
 
 
 def _read_out(L: Any, ctx: Any, seq: int) -> Any:
@@ -98,4 +99,8 @@ def _use(e: LlamaCppEngine, ctx: Any, n_ctx: int) -> None:
     e._llama_decode = Decoder(ctx, e.cfg.repack)
     e.rows = PromptRows(e.flash_attn, e.n_batch, L.llama_model_n_head(e.model), n_ctx)
     L.llama_set_n_threads(ctx, e._threads_now, e._batch_threads)
-    e._warm_up()
+    # a short warm-up: the kernels ran at load (a crash there was caught then), so this only has
+    # llama.cpp set up the new context's buffers before a request's first step (512 rows cost the
+    # 1.5B 5 s on two cores)
+    if not warm_up(e._llama_decode, e.batch, e.mem, WARM_ROWS, len(e.slots), e.n_vocab):
+        raise EngineError(f"llama.cpp failed a decode in {e.cfg.model_name}'s grown context")
