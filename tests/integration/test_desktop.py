@@ -65,7 +65,8 @@ def test_a_client_sets_its_class_and_a_wrong_one_is_400(one_slot: Daemon):
     assert bad.status_code == 400 and "interactive, agent, background" in bad.json()["error"]["message"]
     # or with the body's priority field (Ollama's chat here), which is then no unknown field
     r = httpx.post(one_slot.url + "/api/chat", timeout=120, headers={"User-Agent": "tagger/1"}, json={
-        "messages": body["messages"], "options": {"num_predict": 2}, "stream": False, "priority": "background"})
+        "model": "smollm2-135m", "messages": body["messages"], "options": {"num_predict": 2}, "stream": False,
+        "priority": "background"})
     assert r.status_code == 200 and "x-llmd-ignored" not in r.headers, (r.headers, r.text)
     bad = httpx.post(one_slot.url + "/v1/chat/completions", json={**body, "priority": "soon"}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority", bad.text
