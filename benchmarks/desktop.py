@@ -107,12 +107,17 @@ def agent_loop(url: str, stop_: Stop, out: Outcome) -> None:
             if not stop_.event.is_set():
                 out.errors.append(f"agent's title: {e}")
 
+    titling: threading.Thread | None = None
     while not stop_.event.is_set():
         for path, body in turns:
             if stop_.event.is_set():
                 return
             if _titles(body):
-                threading.Thread(target=title, args=(path, body), daemon=True).start()
+                # one title at a time: a replayed session whose turns hit the cache starts again
+                # within seconds, and its titles piled up (opencode runs one session here)
+                if titling is None or not titling.is_alive():
+                    titling = threading.Thread(target=title, args=(path, body), daemon=True)
+                    titling.start()
                 continue
             try:
                 send(url, path, body)
