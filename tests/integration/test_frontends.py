@@ -82,7 +82,10 @@ def rambled(r: subprocess.CompletedProcess, d: Daemon, app: str, step: str, sinc
     apps' own setting) a reply now and then runs on for thousands of tokens towards the app's
     max_tokens of 32,000 (CI: an opencode reply decoded for 685 s at the usual step times). That is
     the model's choice like a missed tool call, so it counts as a try that did not do the task, but
-    only if the reply cancelled by the kill was streaming (at least a piece a second): a stalled
+    only if the reply cancelled by the kill was streaming (at least a piece a second), or if the
+    app had sent a prompt so much longer than a warm try's that the model's context grew for it
+    (CI: the 1.5B called ToolSearch after a Write, and Claude Code then declared its eleven deferred
+    tools in full, a 19,300-token prompt that two cores read in more than a try's time): a stalled
     engine still fails the test, as does a try that fails otherwise. `since`: the try's start (UTC
     ISO time, as the log writes it)."""
     if r.returncode != TIMED_OUT:
@@ -92,6 +95,11 @@ def rambled(r: subprocess.CompletedProcess, d: Daemon, app: str, step: str, sinc
     while not cut and time.monotonic() < deadline:
         cut = [e for e in d.requests_logged() if e["outcome"] == "cancelled" and e["ts"] >= since]
         time.sleep(0.2)
+    log = [json.loads(x) for x in (d.home / "logs" / "llmd.log").read_text().splitlines() if x.strip()]
+    grew = [e["msg"] for e in log if e.get("ts", "") >= since and "a prompt needed" in e.get("msg", "")]
+    if cut and grew:
+        timed(app, f"{step}: killed at its time limit while reading a new long prompt ({grew[-1]})", time.monotonic())
+        return True
     assert cut and all(e["streamed_pieces"] >= e["duration_s"] for e in cut), (app, step, "stalled, not rambling", cut)
     timed(app, f"{step}: killed at its time limit (the reply ran on: {cut[-1]['streamed_pieces']} pieces)",
           time.monotonic())
