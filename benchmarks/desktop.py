@@ -51,6 +51,7 @@ QUESTIONS = ["How do I reverse a list in Python?", "What does a Python generator
 BATCH = 8
 CHUNK = 1200  # characters per embedded chunk
 RECORDING = "opencode-1.18.33-hello-session.jsonl"
+SCHED_STATS = ("preemptions", "holds", "held_s", "yields_to_urgent", "turns", "held_back", "joins")  # /llmd/status, per model
 
 
 @dataclass
@@ -63,6 +64,8 @@ class Outcome:
     reloads: int = 0
     rss: int = 0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds each model's process used in the run
+    # per llmd model, how its work was ordered (preemptions, yields, turns, held back): for the why
+    sched: dict[str, dict[str, int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 
@@ -242,6 +245,8 @@ def llmd_run(models: dict[str, str], workloads: list[str], text: str, events: An
         out.reloads = sum(len(p) - 1 for p in seen.values())
         out.rss = tree_rss([proc.pid])
         out.cpu = cpu_used(pids, workers(), at_start)
+        out.sched = {m["name"]: {k: (m.get("stats") or {}).get(k, 0) for k in SCHED_STATS}
+                     for m in httpx.get(url + "/llmd/status", timeout=30).json()["loaded"]}
         return out
     finally:
         stop(proc)
@@ -315,7 +320,9 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path.home() / ".cache/llmd/test-models",
                     help="where the three GGUFs are (scripts/fetch_models.py puts them there)")
     ap.add_argument("--words", type=int, default=60, help="word ends the person pauses at (sets the run's length)")
-    ap.add_argument("--systems", default="all,llama-server,alone")
+    ap.add_argument("--systems", default="all,llama-server,alone",
+                    help="comma-separated: all, llama-server, alone (each workload alone), or one "
+                         "workload alone as editor-alone, chat-alone, agent-alone, indexer-alone")
     args = ap.parse_args()
     models = {name: str(args.dir / f) for name, f in FILES.items()}
     text = Path(textwrap.__file__).read_text()
@@ -333,14 +340,15 @@ def main() -> None:
         print(row(name, o), flush=True)
         errors.extend(o.errors)
         cpu.append(f"{name}: " + ", ".join(f"{m} {s:.0f} s" for m, s in sorted(o.cpu.items(), key=lambda x: -x[1]))
-                   + f" of {o.seconds * (os.cpu_count() or 1):.0f} CPU-seconds")
+                   + f" of {o.seconds * (os.cpu_count() or 1):.0f} CPU-seconds"
+                   + "".join(f"; {m} {st}" for m, st in o.sched.items()))
 
     if "all" in systems:
         report("llmd, all four at once", llmd_run(models, everything, text, events, end))
     if "llama-server" in systems:
         report("llama-server x3, all four at once", llama_servers(models, everything, text, events, end))
-    if "alone" in systems:
-        for w in everything:
+    for w in everything:
+        if "alone" in systems or f"{w}-alone" in systems:
             report(f"llmd, {w} alone", llmd_run(models, [w], text, events, end))
     print("\nCPU seconds each model's process used during the run (the chat and the agent share the 1.5B's):")
     for line in cpu:

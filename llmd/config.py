@@ -220,7 +220,7 @@ SETTINGS: tuple[Setting, ...] = (
             "with nothing else running a prompt goes in batches of 512)"),
     Setting("min_share", "the least share of the CPU a model's requests get while another model's more "
             "urgent ones run (an agent's prompt while an editor's completions keep coming): 0 to 0.5; "
-            "0 runs strictly by class"),
+            "background work (embeddings, titles) gets a quarter of it; 0 runs strictly by class"),
     Setting("max_queue", "requests waiting for a slot before the API answers 503"),
     Setting("max_body", "largest request body accepted, in bytes"),
     Setting("backend", "engine: auto (probe the machine), llama.cpp or tensorrt"),

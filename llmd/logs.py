@@ -36,3 +36,31 @@ def setup(log_file: Path, level: int = logging.INFO, max_bytes: int = 10 * 1024 
     # httpx logs every request it makes at INFO (the remote relay's, one per request): not news
     for chatty in ("httpx", "httpcore"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+
+
+def daemon_log_file() -> str | None:
+    """The file this process logs to (the daemon's JSON log, after setup), for the workers it starts."""
+    return next((h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
+
+
+def worker_setup(log_file: str | None) -> None:
+    """A model worker's logging: warnings on stderr (the daemon's), and INFO lines into the daemon's
+    JSON log when it has one (an engine's line on a cancelled request says how far its prompt was
+    read; a grown embedding context says why). The daemon's handler rotates the file; a
+    WatchedFileHandler opens the new one when it does. One line is one write, so lines from the
+    daemon and its workers do not interleave."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    to_err = logging.StreamHandler()
+    to_err.setLevel(logging.WARNING)
+    to_err.setFormatter(logging.Formatter("%(asctime)s worker %(levelname)s %(message)s"))
+    handlers: list[logging.Handler] = [to_err]
+    if log_file:
+        try:
+            to_file = logging.handlers.WatchedFileHandler(log_file)
+        except OSError:  # the log dir went away: stderr alone, as before
+            pass
+        else:
+            to_file.setFormatter(JsonFormatter())
+            handlers.append(to_file)
+    root.handlers[:] = handlers

@@ -4,7 +4,8 @@ the engine orders by (issue 48: an editor, a chat and an agent on one machine).
 - interactive: someone waits on it now (fill-in-the-middle, a streamed chat, a reply asked for);
 - agent: an agent's turn (tools offered): minutes of work nobody watches token by token;
 - background: a front end's own task requests (Open WebUI's titles, tags and follow-ups, opencode's
-  session titles) and embedding batches.
+  session titles) and embedding batches (unless the client asks: a chat's retrieval query is
+  waited on).
 
 A client may say its class with the X-LLMD-Priority header or a `priority` field in the body. A
 waiting request rises one class for every AGING_S it has waited, so no class is ever starved.
@@ -62,10 +63,9 @@ def _front_end_task(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def classify(headers: Mapping[str, str], req: Any, stream: bool, body_asks: str = "") -> tuple[str, str]:
-    """(class, why) of a generation request: as the client asks (the X-LLMD-Priority header or the
-    body's `priority` field), else by what it is. A 400 for a class that is none, or for a header
-    and a field that disagree."""
+def _asked(headers: Mapping[str, str], body_asks: str) -> tuple[str, str] | None:
+    """(class, why) as the client asked for it, or None; a 400 for a class that is none, or for a
+    header and a field that disagree."""
     header = headers.get(HEADER, "").strip().lower()
     field = body_asks.strip().lower()
     for asked, where in ((header, "X-LLMD-Priority"), (field, "priority")):
@@ -78,6 +78,21 @@ def classify(headers: Mapping[str, str], req: Any, stream: bool, body_asks: str 
         return header, "asked for (X-LLMD-Priority)"
     if field:
         return field, "asked for (the body's priority field)"
+    return None
+
+
+def classify_embedding(headers: Mapping[str, str], body_asks: str = "") -> tuple[str, str]:
+    """(class, why) of an embedding batch: background (an indexer's) unless the client asks for
+    another class, as a chat embedding the person's question for retrieval may."""
+    return _asked(headers, body_asks) or ("background", "an embedding batch")
+
+
+def classify(headers: Mapping[str, str], req: Any, stream: bool, body_asks: str = "") -> tuple[str, str]:
+    """(class, why) of a generation request: as the client asks (the X-LLMD-Priority header or the
+    body's `priority` field), else by what it is. A 400 for a class that is none, or for a header
+    and a field that disagree."""
+    if (asked := _asked(headers, body_asks)) is not None:
+        return asked
     if req.fim is not None:
         return "interactive", "fill-in-the-middle: an editor waits on it"
     if (task := _front_end_task(req.messages or [])) is not None:

@@ -13,7 +13,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from thread_server import ThreadServer
 
@@ -25,12 +25,13 @@ class Recorder(ThreadServer):
         self.calls: list[tuple[str, str, int]] = []
         self.requests: list[tuple[str, str, bytes]] = []  # (method, path, body), in order
         self.saved = 0  # requests already written by save()
+        self.errors: list[str] = []  # each 4xx/5xx answer, with what it said
         self.upstream = upstream
         app = Starlette(routes=[Route("/{path:path}", self._relay,
                                       methods=["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])])
         super().__init__(app)
 
-    async def _relay(self, request: Request) -> StreamingResponse:
+    async def _relay(self, request: Request) -> Response:
         client = httpx.AsyncClient(base_url=self.upstream, timeout=httpx.Timeout(900.0, connect=10.0))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         body = await request.body()
@@ -39,6 +40,13 @@ class Recorder(ThreadServer):
                                    headers=headers, content=body)
         r = await client.send(req, stream=True)
         self.calls.append((request.method, request.url.path, r.status_code))
+        if r.status_code >= 400:  # what llmd said, for a failing test's message (CI keeps no daemon log)
+            said = (await r.aread()).decode(errors="replace")
+            self.errors.append(f"{request.method} {request.url.path} {r.status_code}: {said[:600]}")
+            await r.aclose()
+            await client.aclose()
+            return Response(said, status_code=r.status_code,
+                            headers={k: v for k, v in r.headers.items() if k.lower() not in HOP})
 
         async def close() -> None:
             await r.aclose()
@@ -74,4 +82,4 @@ class Recorder(ThreadServer):
 
 
 def summary(rec: Recorder) -> Any:
-    return {"routes": rec.routes(), "failed": rec.failed()}
+    return {"routes": rec.routes(), "failed": rec.failed(), "said": rec.errors[-3:]}

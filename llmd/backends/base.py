@@ -114,6 +114,7 @@ class EmbedRequest:
     id: str
     inputs: tuple[str | tuple[int, ...], ...] = field(repr=False)
     truncate: bool = False  # cut inputs longer than the context (else the request is refused)
+    priority: str = "background"  # llmd.priority's class: an indexer's batch, unless the client asks
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ waits: llmd.priority's order) and reads the others':
 
 - a worker whose best work ranks below another's pauses (no step; it keeps reading its pipe and
   sending heartbeats) until the other's work is done or its own has waited long enough to rank level
-  (priority.AGING_S per class, so nothing is starved);
+  (priority.AGING_S per class), up to the agent class: beside a person's requests what it is owed
+  comes in turns (below), not by ranking level with them (`board_rank`);
 - workers whose best work ranks level split the cores between them (`share`) instead of each
   running every thread against the others;
 - a worker with only its own idle work (anticipation, snapshots) pauses while any other works;
@@ -17,6 +18,9 @@ waits: llmd.priority's order) and reads the others':
   share of the CPU (LLMD_MIN_SHARE) while a person types: ranking alone let an agent's prompt
   run one step in 40 s while an editor's completions kept coming (1 turn of an agent's 15 in
   benchmarks/desktop.py). A claim on its turn pauses nobody; it splits the cores with the others.
+  Background work takes a quarter of that share (`turn_share`);
+- a worker held back lately reads its prompt in short steps even on its own time (CONTENDED_S), so
+  the step it gives up for the next completion loses little.
 
 A row not written for STALE_S is ignored (a worker stopped by a signal or inside something that
 cannot write), and the daemon clears a row when its worker exits, so a dead worker pauses nobody.
@@ -32,7 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from llmd.priority import CLASSES, rank
+from llmd.priority import CLASSES, class_index, rank
 
 ROWS = 32  # workers at once (models, standbys); a worker with no row runs unboarded, as before
 FIELDS = 5  # class index (or NaN: nothing), fim (1.0/0.0), waiting since, written at, on its turn (1.0/0.0)
@@ -42,6 +46,39 @@ STALE_S = 5.0
 # typing waited for aging to raise it (chat p90 25 s against 0.53 s alone in benchmarks/desktop.py)
 FIM_LEAD_S = 1.0
 TURN_ROWS = 64  # a prompt's rows in a held-back worker's turn (Turns): about 1 s of the 1.5B on one thread
+# A worker held back in the last CONTENDED_S reads its prompt TURN_ROWS a step even on its own
+# time: a step given up for another model's more urgent work loses the micro-batch it was in, and
+# beside an editor's completions every 3-4 s an agent's 512-row steps (about 6 s of the 1.5B on two
+# cores) were given up 3 to 5 times each before one finished (0 turns of the agent's 13 alone in
+# benchmarks/desktop.py). 64-row micro-batches read the 1.5B at 70 tok/s against 72-74 for 512
+# (llama-bench, AMD EPYC, 2 threads, 2,048 deep).
+CONTENDED_S = 10.0
+
+
+# Background work held back takes this fraction of the minimum share (LLMD_MIN_SHARE) in turns:
+# at the full share an indexer's embeddings took 53 of 395 CPU-seconds beside an agent's prompt and a
+# chat (benchmarks/desktop.py), the agent, a class above, missed its first turn by about 11, and each
+# turn split the cores under the chat. With none at all a background prompt beside an editor's steady
+# completions waited for aging alone (a step per 40 s: 353 s for 2,000 tokens).
+BACKGROUND_TURNS = 0.25
+
+
+# Across models a waiting request rises up to the agent class, never to a person's: ranked level, an
+# indexer's batch aged 40 s split the cores under a person's chat (its 14-token prompt on one
+# thread: 0.77 s; first token 0.79 s against 0.33 s) and, being older, went ahead of it for the
+# chat's first second (FIM_LEAD_S). Turns give held-back work its share instead; with
+# LLMD_MIN_SHARE=0 work runs strictly by class, as that setting says.
+RISES_TO = CLASSES.index("agent")
+
+
+def board_rank(cls: str, waited_s: float) -> int:
+    """llmd.priority's rank, aged, but not above the agent class for a class below it."""
+    return max(rank(cls, waited_s), min(class_index(cls), RISES_TO))
+
+
+def turn_share(cls: str) -> float:
+    """The fraction of the minimum share work of this class takes in turns while held back."""
+    return BACKGROUND_TURNS if cls == "background" else 1.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +94,7 @@ class Claim:
         """What orders workers: the rank (aged) and, among equals, an editor's completion first, for
         the first FIM_LEAD_S of the other work's wait; then they are level. Not the arrival time:
         level workers share the cores rather than take turns."""
-        return rank(self.cls, now - self.since), not self.fim and now - self.since < FIM_LEAD_S
+        return board_rank(self.cls, now - self.since), not self.fim and now - self.since < FIM_LEAD_S
 
 
 @dataclass(frozen=True)
@@ -183,11 +220,12 @@ class Turns:
         self._started = 0.0
         self.turns = 0
         self.held = 0  # times another model's work held this one back (a pause between steps)
+        self.last_held = -math.inf  # when another model's work last held this one back
 
-    def due(self, held: bool, now: float, taken: bool = False) -> bool:
+    def due(self, held: bool, now: float, taken: bool = False, scale: float = 1.0) -> bool:
         """Called before each step with whether the board holds this worker back (and whether
-        another worker is on its turn now: then this one's waits until that ends): True when this
-        step is its turn."""
+        another worker is on its turn now: then this one's waits until that ends; `scale`: the
+        fraction of the share its work's class takes, turn_share): True when this step is its turn."""
         if self.on:  # the last step was a turn: time it, and wait anew
             self.on = False
             self.last_turn_s = max(0.01, now - self._started)
@@ -195,15 +233,21 @@ class Turns:
         if not held:
             self.held_since = None
             return False
+        self.last_held = now
         if self.held_since is None:
             self.held_since = now
             self.held += 1
-        if self.share <= 0:
+        share = self.share * scale
+        if share <= 0:
             return False
-        wait = self.last_turn_s * (1 - self.share) / self.share
+        wait = self.last_turn_s * (1 - share) / share
         if now - self.held_since < wait or taken:
             return False
         self.on, self._started = True, now
         self.turns += 1
         return True
 
+    def step_rows(self, now: float) -> int | None:
+        """The most rows of a prompt the next step reads (None: as many as the engine would): a
+        turn's, and as many while other models' work held this one back lately (CONTENDED_S)."""
+        return TURN_ROWS if self.on or now - self.last_held < CONTENDED_S else None

@@ -36,9 +36,10 @@ from llmd.backends.base import (
     Stats,
     StatsRequest,
 )
-from llmd.backends.cpu_board import TURN_ROWS, Claim, CpuBoard, Turns
+from llmd.backends.cpu_board import Claim, CpuBoard, Turns, turn_share
 from llmd.backends.cpu_board import board as cpu_board
 from llmd.errors import EngineCrashed, EngineError, LlmdError, ModelUnavailable, from_wire
+from llmd.logs import daemon_log_file, worker_setup
 from llmd.priority import CLASSES, class_index
 
 log = logging.getLogger("llmd.worker")
@@ -61,15 +62,17 @@ YIELD_WAIT_S = 0.01
 
 
 def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = None,
-                board: CpuBoard | None = None, row: int | None = None, sent_by_class: Any = None) -> None:
+                board: CpuBoard | None = None, row: int | None = None, sent_by_class: Any = None,
+                log_file: str | None = None) -> None:
     """Entry point of the worker process. With cfg None it is a standby: it imports the engine
     (llama_cpp and its shared library) now and waits for the EngineConfig of the next load, so a
     model switch does not pay for interpreter start and imports. `sent` counts the requests the daemon
     has handed over (shared memory, raised before each is written to the pipe). `board` and `row`:
     the CPU board this worker shares with the other models' (cpu_board.py). `sent_by_class`: the
     generation requests handed over per llmd.priority class, so a prompt step can be given up for a
-    more urgent one before it is read."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s worker %(levelname)s %(message)s")
+    more urgent one before it is read. `log_file`: the daemon's JSON log, which the worker's own
+    lines go to as well."""
+    worker_setup(log_file)
     try:
         cls = engine_class(backend)
         if cfg is None:
@@ -144,11 +147,11 @@ def worker_main(conn: Any, backend: str, cfg: EngineConfig | None, sent: Any = N
                         timeout = max(0.0, hold_until - time.monotonic())
                 elif isinstance(msg, EmbedRequest):
                     # between steps: a batch of embeddings pauses generation for its one decode each
-                    if turn is not None:  # background work: after other models' more urgent work
+                    if turn is not None:  # in its class's turn (background unless asked): after more urgent work
                         if hasattr(engine, "embed_turn"):  # input by input
-                            engine.embed_turn = EmbedTurn(turn, heartbeat)
+                            engine.embed_turn = EmbedTurn(turn, heartbeat, msg.priority)
                         else:
-                            turn.wait(Claim("background", False, time.perf_counter()), heartbeat)
+                            turn.wait(Claim(msg.priority, False, time.perf_counter()), heartbeat)
                     try:
                         conn.send([engine.embed(msg)])
                     except LlmdError as e:
@@ -229,10 +232,14 @@ class BoardTurn:
             engine.board_turns = self.turns
 
     def outranked(self) -> bool:
-        """Inside a step: keep this worker's row fresh, and say whether to give the step up (never
-        during its turn: the claim it published says so)."""
+        """Inside a step: keep this worker's row fresh, and say whether another model's work ranks
+        above it (never during its turn: the claim it published says so); the step is then held
+        (step_watch.py), which counts as being held back (Turns.last_held: short steps follow)."""
         self.board.publish(self.row, self._mine)
-        return self.board.verdict(self.row, self._mine, self.most).pause
+        above = self.board.verdict(self.row, self._mine, self.most).pause
+        if above:
+            self.turns.last_held = time.perf_counter()
+        return above
 
     def paused(self, idle: bool) -> bool:
         """Publish this worker's claim; True when it should not step now."""
@@ -246,12 +253,13 @@ class BoardTurn:
         mine = self._mine = self._claim()
         self.board.publish(self.row, mine)
         v = self.board.verdict(self.row, mine, self.most)
-        turn = self.turns.due(v.pause and mine is not None, now, self.board.turn_taken(self.row, now))
+        turn = self.turns.due(v.pause and mine is not None, now, self.board.turn_taken(self.row, now),
+                              turn_share(mine.cls) if mine is not None else 1.0)
         if turn and mine is not None:
             mine = self._mine = replace(mine, turn=True)
             self.board.publish(self.row, mine)
             v = self.board.verdict(self.row, mine, self.most)
-        self.engine.turn_rows = TURN_ROWS if turn else None
+        self.engine.board_rows = self.turns.step_rows(now)
         self.engine.share = v.share if v.others else None
         self.engine.share_reason = v.why
         return v.pause
@@ -262,7 +270,7 @@ class BoardTurn:
         self.board.publish(self.row, mine)
         while self.board.verdict(self.row, mine, self.most).pause:
             now = time.perf_counter()
-            if self.turns.due(True, now, self.board.turn_taken(self.row, now)):
+            if self.turns.due(True, now, self.board.turn_taken(self.row, now), turn_share(mine.cls)):
                 self.board.publish(self.row, replace(mine, turn=True))
                 return
             heartbeat()
@@ -278,8 +286,8 @@ class EmbedTurn:
     """Before each input of an embedding batch: wait for the board. The batch ages (priority) from
     its arrival until its first input runs, then from the last input done, as a generation does."""
 
-    def __init__(self, turn: BoardTurn, heartbeat: Callable[[], None]) -> None:
-        self.turn, self.heartbeat = turn, heartbeat
+    def __init__(self, turn: BoardTurn, heartbeat: Callable[[], None], priority: str = "background") -> None:
+        self.turn, self.heartbeat, self.priority = turn, heartbeat, priority
         self.since = time.perf_counter()
         self.first = True
 
@@ -287,7 +295,7 @@ class EmbedTurn:
         if not self.first:
             self.since = time.perf_counter()  # the previous input is done
         self.first = False
-        self.turn.wait(Claim("background", False, self.since), self.heartbeat)
+        self.turn.wait(Claim(self.priority, False, self.since), self.heartbeat)
 
 
 # A busy worker sends at least this often, events or not. Well under any LLMD_HANG_S a person would
@@ -328,7 +336,7 @@ class WorkerHandle:
         self._board = cpu_board()
         self._row = self._board.take()
         self.process = ctx.Process(target=worker_main, args=(child, backend, cfg, self._sent, self._board, self._row,
-                                                                     self._sent_by_class),
+                                                                     self._sent_by_class, daemon_log_file()),
                                    daemon=True, name=f"llmd-worker-{label}")
         self.process.start()
         child.close()

@@ -60,6 +60,7 @@ from llmd.models.memory import (
     check_fit,
     combined_estimate,
     grow_refusal,
+    in_place_refusal,
     load_ctx,
 )
 from llmd.models.registry import Registry
@@ -314,6 +315,10 @@ class Scheduler:
         few seconds and the in-memory prefix cache saved); False when it did not, and why is logged."""
         if not isinstance(w, WorkerHandle) or w.cfg is None:  # a remote model, or a test's stand-in
             return False
+        main, draft = self.state(name).gguf
+        if main is not None and (why := in_place_refusal(main, draft, w.cfg.n_slots, want, available_bytes())):
+            log.info("%s: its context is not grown in place: %s; loading it again instead", name, why)
+            return False
         loaded, t0 = w.cfg.n_ctx, time.perf_counter()
         info = await w.grow(want)
         if not info or "error" in info:
@@ -324,7 +329,6 @@ class Scheduler:
         info.pop("pid", None)
         w.info.update(info)
         w.info["ctx_reason"] = f"{want} tokens per slot: {self.state(name).ctx_why}, grown in place"
-        main, draft = self.state(name).gguf
         if main is not None:
             flash = flash_attention(self.settings.flash_attn, self.settings.exact, w.cfg.gpu_layers)
             w.info["memory_estimate"] = combined_estimate(main, draft, want, w.cfg.n_slots, flash).as_dict()

@@ -149,21 +149,43 @@ def choose_ctx(info: GGUFInfo, n_slots: int, fixed: int = 0, available: int | No
 GROW_SHARE = 0.5
 
 
+def slots_kv(info: GGUFInfo, draft: GGUFInfo | None, n_slots: int, n_ctx: int) -> int:
+    """The KV cache of `n_slots` slots of `n_ctx` tokens, the draft model's included."""
+    return n_ctx * n_slots * (info.kv_bytes_per_token() + (draft.kv_bytes_per_token() if draft else 0))
+
+
+def kv_refusal(kv: int, room: int) -> str | None:
+    """Why a KV cache of `kv` bytes is not made in `room` bytes of memory (GROW_SHARE), or None."""
+    if kv > room * GROW_SHARE:
+        return f"need {kv // MB} MiB of KV cache, more than half of the {room // MB} MiB memory it would have"
+    return None
+
+
 def grow_refusal(info: GGUFInfo, draft: GGUFInfo | None, n_slots: int, want: int, available: int, freed: int = 0,
                  gpu_share: float = 0.0, vram_available: int | None = None, vram_freed: int = 0) -> str | None:
     """Why a context of `want` tokens per slot is not loaded (None: it is). `freed`: the loaded KV
     cache a reload gives back (0 when nothing is loaded). On a GPU, the offloaded layers' share of
     the KV cache (`gpu_share`) must fit the GPU's memory by the same rule."""
-    kv = want * n_slots * (info.kv_bytes_per_token() + (draft.kv_bytes_per_token() if draft else 0))
-    room = available + freed
-    if kv > room * GROW_SHARE:
-        return (f"{n_slots} slots of {want} tokens need {kv // MB} MiB of KV cache, more than half of the "
-                f"{room // MB} MiB memory it would have")
+    kv = slots_kv(info, draft, n_slots, want)
+    if why := kv_refusal(kv, available + freed):
+        return f"{n_slots} slots of {want} tokens {why}"
     if gpu_share > 0 and vram_available is not None:
         on_gpu, vroom = int(kv * gpu_share), vram_available + vram_freed
         if on_gpu > vroom * GROW_SHARE:
             return (f"the GPU's share of that KV cache, {on_gpu // MB} MiB, is more than half of the "
                     f"{vroom // MB} MiB GPU memory it would have")
+    return None
+
+
+def in_place_refusal(info: GGUFInfo, draft: GGUFInfo | None, n_slots: int, want: int, available: int) -> str | None:
+    """Why a loaded model's context is not grown in place (backends/llamacpp/growth.py) but loaded
+    again (None: it is grown in place). In place, the slots' KV states are held in memory while the
+    old context is freed and the new one made: at worst every slot was full, so the new KV cache must
+    fit in what is available now, as a reload's would not need to."""
+    kv = slots_kv(info, draft, n_slots, want)
+    if kv > available:
+        return (f"its new KV cache, {kv // MB} MiB, would not fit in the {available // MB} MiB available while "
+                "the slots' states are held")
     return None
 
 

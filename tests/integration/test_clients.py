@@ -136,6 +136,20 @@ def test_anthropic(daemon: Daemon):
         text = "".join(s.text_stream)
         assert text == s.get_final_message().content[0].text
     assert c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hi"}]).input_tokens > 1
+    # tool search as Claude Code runs it: a deferred tool, found by ToolSearch, whose result is
+    # tool_reference blocks (a 400 before: CI, Claude Code's Read task)
+    search = {"name": "ToolSearch", "description": "Find deferred tools", "input_schema": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}
+    deferred = {**tools[0], "defer_loading": True}
+    found = c.messages.create(model=MODEL, max_tokens=8, tools=[search, deferred], extra_body={"temperature": 0},
+                              messages=[{"role": "user", "content": "Weather in Rome?"},
+                                        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                                                           "name": "ToolSearch",
+                                                                           "input": {"query": "weather"}}]},
+                                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                                      "content": [{"type": "tool_reference",
+                                                                                   "tool_name": "get_weather"}]}]}])
+    assert found.content and found.usage.input_tokens > 0
 
 
 def test_litellm(daemon: Daemon):

@@ -120,7 +120,8 @@ def test_num_ctx_above_the_loaded_context_loads_a_larger_one(small: Daemon):
 def test_a_context_sized_by_use_grows_when_a_prompt_needs_it(tmp_path):
     """LLMD_CTX=auto starts a model small (LLMD_CTX_START) and grows its context in place (same
     worker, weights kept) when a prompt needs it, up to the automatic choice (SmolLM2: 8,192): a
-    long prompt is answered, not refused, while another request streams beside it; Ollama's chat
+    long prompt is answered, not refused, while another request streams beside it (an embedding
+    input too, in the model's embedding context); Ollama's chat
     grows rather than loses its oldest messages; what the slots held before a growth is still
     there after it; a prompt beyond the ceiling is a 400 that names both numbers."""
     d = Daemon(tmp_path / "home", env={"LLMD_CTX_START": "2048", "LLMD_SLOTS": "2"}).start()
@@ -129,6 +130,12 @@ def test_a_context_sized_by_use_grows_when_a_prompt_needs_it(tmp_path):
             m = http.get("/llmd/status").json()["loaded"][0]
             assert m["n_ctx"] == 2048 and "grows up to 8192" in m["ctx_reason"], m
             pid = m["pid"]
+            # an embedding input longer than the context the model started with: read whole, as the
+            # model grows to hold it, not refused (truncate false) nor cut (Ollama's default)
+            for truncate in (False, True):
+                r = http.post("/api/embed", json={"model": "smollm2-135m", "input": "word " * 3000,
+                                                  "truncate": truncate})
+                assert r.status_code == 200 and r.json()["prompt_eval_count"] == 3001, r.text
             streamed: list[str] = []
 
             def stream() -> None:
@@ -163,6 +170,8 @@ def test_a_context_sized_by_use_grows_when_a_prompt_needs_it(tmp_path):
         d.stop()
     log = d.log.read_text()
     assert "context grown in place from 2048 to 4096 tokens per slot in" in log, log[-3000:]
+    engine_said = (d.home / "logs" / "llmd.log").read_text()  # the workers' lines are in the JSON log
+    assert "embedding context grown from 2048 to 4096 tokens: an input needed 3001" in engine_said, engine_said[-3000:]
     assert "loading smollm2-135m again" not in log, log[-3000:]
 
 

@@ -70,9 +70,20 @@ def test_a_client_sets_its_class_and_a_wrong_one_is_400(one_slot: Daemon):
     assert r.status_code == 200 and "x-llmd-ignored" not in r.headers, (r.headers, r.text)
     bad = httpx.post(one_slot.url + "/v1/chat/completions", json={**body, "priority": "soon"}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority", bad.text
+    # embeddings: an indexer's batch is background; a chat embedding the person's question for
+    # retrieval may ask for interactive, and is then no unknown field either
+    for agent, extra in (("files-indexer/1", {}), ("rag/1", {"priority": "interactive"})):
+        r = httpx.post(one_slot.url + "/v1/embeddings", timeout=120, headers={"User-Agent": agent},
+                       json={"input": [f"{agent} {uuid.uuid4().hex}"], **extra})
+        assert r.status_code == 200 and "x-llmd-ignored" not in r.headers, (r.headers, r.text)
+    bad = httpx.post(one_slot.url + "/v1/embeddings", json={"input": "x", "priority": "soon"}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority", bad.text
     apps = {a["app"]: a for a in httpx.get(one_slot.url + "/llmd/status").json()["apps"]}
     assert apps["indexer"]["priority"] == {"background": 1}, apps
     assert apps["tagger"]["priority"] == {"background": 1}, apps
+    assert apps["files-indexer"]["priority"] == {"background": 1}, apps
+    assert apps["rag"]["priority"] == {"interactive": 1}, apps
+    assert apps["rag"]["tokens"] > 0 and apps["rag"]["engine_s"] >= 0, apps
 
 
 # ---- two models, one CPU (backends/cpu_board.py) ----------------------------------------------
@@ -140,13 +151,18 @@ def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_
     t, agent = _agent_reading(d, 1.0)
     r = _complete(d, f"# {uuid.uuid4().hex}\ndef double(x: int) -> int:\n    ")
     answered = time.monotonic()
+    # held back a moment ago, the agent's worker reads the rest of its prompt in short steps
+    # (cpu_board.Turns.step_rows, for CONTENDED_S): another completion would wait less for it
+    contended = _loaded(d)["smollm2-135m"]["stats"]["prompt_step_rows"]
     t.join()
+    assert contended == 64, contended
     assert r.status_code == 200 and r.json()["content"], r.text
     assert answered < agent["done"], (answered, agent["done"])
     loaded = _loaded(d)
-    # it gave its step up, or (the completion arrived between two steps) paused before the next one
+    # it held its step where it was (or gave it up), or (the completion arrived between two steps)
+    # paused before the next one
     stats = loaded["smollm2-135m"]["stats"]
-    assert stats["preemptions"] >= 1 or stats["held_back"] >= 1, stats
+    assert stats["holds"] + stats["preemptions"] + stats["held_back"] >= 1, stats
     assert set(loaded) == {"smollm2-135m", CODER}
 
 
@@ -173,8 +189,8 @@ def test_a_persons_chat_takes_the_cpu_from_an_agents_long_prompt_on_the_same_mod
 def test_a_background_request_finishes_under_a_steady_stream_of_an_editors_completions(two_models: Daemon):
     """Two editors keep the coder model's completions coming back to back while an indexer's
     background request (a ~600-token prompt) waits on SmolLM2: it is held back by class, takes
-    short turns for its minimum share (LLMD_MIN_SHARE, cpu_board.Turns) and finishes while the
-    completions go on being answered."""
+    short turns for its minimum share (a quarter of LLMD_MIN_SHARE for background work,
+    cpu_board.Turns) and finishes while the completions go on being answered."""
     d = two_models
     _warm_both(d)
     before = _loaded(d)["smollm2-135m"]["stats"]["turns"]

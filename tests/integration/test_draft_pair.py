@@ -69,6 +69,13 @@ def test_paired_draft_model_drafts_and_shows_in_status(d: Daemon):
     assert ("smol-f16: draft model smollm2-135m (paired with `llmd models pair smol-f16 smollm2-135m`); accepted "
             "drafts: ngram none yet, draft 100% of") in out, out
     assert m["draft_reason"] == "paired with `llmd models pair smol-f16 smollm2-135m`"
+    # the draft asked for under its own name: loaded beside, and status says it is a second copy
+    assert chat(d, "smollm2-135m", speculation="off").status_code == 200
+    loaded = {e["name"]: e for e in httpx.get(d.url + "/llmd/status").json()["loaded"]}
+    assert {"smol-f16", "smollm2-135m"} <= set(loaded), loaded.keys()
+    copies = loaded["smollm2-135m"]["draft_copies"]
+    assert copies.startswith("also loaded as the draft model of smol-f16") and "second copy" in copies, copies
+    assert loaded["smol-f16"]["draft_copies"] == ""
     r = llmd(d, "models", "rm", "smollm2-135m")
     assert r.returncode == 1 and "draft model of smol-f16" in r.stderr  # never leaves a dangling pair
 

@@ -101,6 +101,27 @@ def test_a_new_line_typed_keeps_the_suffix_computed(d: Daemon):
         assert body["timings"]["prompt_n"] < 30 and body["tokens_cached"] > 100, body["timings"]
 
 
+def test_a_window_slid_down_a_line_moves_its_kv_whichever_slot_is_emptier(tmp_path):
+    """An editor sends the 48 lines before the cursor: at a new line its window slides, the prompt
+    shares only its first token with the last, and the slot that holds the old window serves it by
+    moving the lines it kept (llama-server's --cache-reuse). Here no snapshot of the window is
+    saved (as while other models keep the CPU busy: snapshots are idle work): by the common prefix
+    alone the slot was worth less than an empty one, and the whole window was read again."""
+    d = start_with_models(tmp_path / "home", {"LLMD_MODEL": QWEN, "LLMD_SLOTS": "2",
+                                              "LLMD_PREFIX_MIN_TOKENS": "100000"}, (QWEN,))
+    try:
+        lines = [f"total_{i} = weigh(batch_{i}, scale={i * 7 % 13})\n" for i in range(49)]
+        suffix = "\n\nprint(total_0)\n"
+        _, first = fill(d, "/infill", "".join(lines[:48]), suffix, n_predict=2)
+        assert first.status_code == 200 and first.json()["timings"]["prompt_n"] > 400, first.text
+        _, slid = fill(d, "/infill", "".join(lines[1:49]), suffix, n_predict=2)
+        body = slid.json()
+        assert slid.status_code == 200 and slid.headers.get("X-LLMD-Cache") != "hit", slid.text
+        assert body["tokens_cached"] > 400 and body["timings"]["prompt_n"] < 60, body["timings"]
+    finally:
+        d.stop()
+
+
 def _send_and_drop(d: Daemon, body: dict[str, object], after: Callable[[], None] = lambda: None) -> None:
     """A request sent as an editor sends it and dropped as the next keystroke drops it (the
     connection closes once `after` returns)."""

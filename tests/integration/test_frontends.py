@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -60,6 +61,9 @@ def rec(d: Daemon) -> Iterator[Recorder]:
 
 
 TIMED_OUT = 124  # run()'s exit status for an app stopped at its time limit, as timeout(1) gives
+# the engine's line for a request its client cut: how far its prompt had been read
+CUT_READING = re.compile(r"cancelled after ([\d.]+) s: prompt at (\d+) of (\d+) tokens \((\d+) from cache\)")
+READ_AT_SPEED = 10.0  # prompt tokens a second: two cores read the 1.5B's prompts at 60-130
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
@@ -82,9 +86,9 @@ def rambled(r: subprocess.CompletedProcess, d: Daemon, app: str, step: str, sinc
     apps' own setting) a reply now and then runs on for thousands of tokens towards the app's
     max_tokens of 32,000 (CI: an opencode reply decoded for 685 s at the usual step times). That is
     the model's choice like a missed tool call, so it counts as a try that did not do the task, but
-    only if the reply cancelled by the kill was streaming (at least a piece a second), or if the
-    app had sent a prompt so much longer than a warm try's that the model's context grew for it
-    (CI: the 1.5B called ToolSearch after a Write, and Claude Code then declared its eleven deferred
+    only if the reply cancelled by the kill was streaming (at least a piece a second), or its prompt
+    was still being read at speed (the engine logs how far it got), or if the app had sent a prompt
+    so much longer than a warm try's that the model's context grew for it (CI: the 1.5B called ToolSearch after a Write, and Claude Code then declared its eleven deferred
     tools in full, a 19,300-token prompt that two cores read in more than a try's time): a stalled
     engine still fails the test, as does a try that fails otherwise. `since`: the try's start (UTC
     ISO time, as the log writes it)."""
@@ -99,6 +103,13 @@ def rambled(r: subprocess.CompletedProcess, d: Daemon, app: str, step: str, sinc
     grew = [e["msg"] for e in log if e.get("ts", "") >= since and "a prompt needed" in e.get("msg", "")]
     if cut and grew:
         timed(app, f"{step}: killed at its time limit while reading a new long prompt ({grew[-1]})", time.monotonic())
+        return True
+    reading = [(float(m[1]), int(m[2]), int(m[3]), int(m[4])) for e in log if e.get("ts", "") >= since
+               and (m := CUT_READING.search(e.get("msg", "")))]
+    if cut and reading and all(at < total and (at - cached) / max(s, 1.0) >= READ_AT_SPEED
+                               for s, at, total, cached in reading):
+        timed(app, f"{step}: killed at its time limit while reading a long prompt at speed ({reading[-1]})",
+              time.monotonic())
         return True
     assert cut and all(e["streamed_pieces"] >= e["duration_s"] for e in cut), (app, step, "stalled, not rambling", cut)
     timed(app, f"{step}: killed at its time limit (the reply ran on: {cut[-1]['streamed_pieces']} pieces)",

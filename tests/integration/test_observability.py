@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -178,6 +179,15 @@ def test_a_cancelled_request_logs_how_far_its_reply_had_run(obs: Daemon):
     mine = obs.requests_logged(rid, wait=10)
     assert mine and mine[0]["outcome"] == "cancelled" and mine[0]["completion_tokens"] is None, mine
     assert mine[0]["streamed_pieces"] >= 12, mine
+    # and the engine's own line: how far the prompt had been read and how much was generated
+    cut = re.compile(rf"request {rid} cancelled after [\d.]+ s: prompt at (\d+) of (\d+) tokens "
+                     rf"\((\d+) from cache\), (\d+) generated")
+    deadline, said = time.monotonic() + 10, []
+    while not said and time.monotonic() < deadline:
+        lines = (obs.home / "logs" / "llmd.log").read_text().splitlines()
+        said = [m for line in lines if line.strip() and (m := cut.search(json.loads(line)["msg"]))]
+        time.sleep(0.2)
+    assert said and said[0][1] == said[0][2] and int(said[0][4]) >= 12, said
 
 
 def test_requests_running_counts_a_stream_in_flight(obs: Daemon):

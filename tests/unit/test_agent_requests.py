@@ -9,6 +9,7 @@ import pytest
 from llmd.backends.base import Sampling
 from llmd.chat.schema import ANY_VALUE, loosen
 from llmd.daemon.routes.anthropic import MessagesBody, _sampling, chat_messages
+from llmd.errors import BadRequest
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "claude-code-2.1.332-first-request.json"
 
@@ -37,6 +38,22 @@ def test_claude_codes_first_request_as_chat_messages():
     assert messages[1]["content"].startswith("# Environment") and "Reply with just" in messages[2]["content"]
     assert "x-anthropic-billing-header" not in messages[0]["content"]  # changes at every prompt: left out
     assert messages[0]["content"].startswith("You are a Claude agent")
+
+
+def test_tool_search_results_are_taken_as_the_tools_found():
+    """Claude Code's ToolSearch answers with tool_reference blocks; refused, the whole request was a
+    400 (CI: three in one run of its Read task)."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "notebook"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1",
+              "content": [{"type": "tool_reference", "tool_name": "NotebookEdit"},
+                          {"type": "tool_reference", "tool_name": "WebFetch"}]}
+    messages = chat_messages(None, [{"role": "user", "content": "Edit the notebook"},
+                                    {"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}])
+    assert messages[-1]["role"] == "tool" and messages[-1]["name"] == "ToolSearch"
+    assert messages[-1]["content"].endswith("NotebookEdit, WebFetch")
+    odd = {**result, "content": [{"type": "text", "text": "found"}, {"type": "image", "source": {}}]}
+    with pytest.raises(BadRequest, match=r"content\[0\]\.content\[1\] is a 'image' block"):
+        chat_messages(None, [{"role": "assistant", "content": [use]}, {"role": "user", "content": [odd]}])
 
 
 def test_every_tool_schema_of_claude_code_becomes_a_grammar():

@@ -75,3 +75,12 @@ def test_a_stream_that_runs_on_does_not_hold_the_model_past_the_bound(tmp_path: 
     assert asyncio.run(run()) == ("busy", True)
     assert not w.stopped and s.state("coder").growing is None
     assert "1 other requests were still running after 0 s; serving it within 8192" in caplog.text
+
+
+def test_an_embedding_context_doubles_until_it_holds_the_input_up_to_its_ceiling():
+    from llmd.backends.llamacpp.embeddings import grown_size
+
+    assert grown_size(2048, 3001, 8192) == 4096
+    assert grown_size(2048, 4096, 8192) == 4096
+    assert grown_size(2048, 9000, 8192) == 8192
+    assert grown_size(8192, 20000, 32768) == 32768

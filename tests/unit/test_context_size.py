@@ -86,6 +86,20 @@ def test_one_rule_decides_a_larger_context_asked_for_whether_loaded_or_loading()
     assert "GPU" in grow_refusal(model, None, 4, 32768, 64 * 1024 * MB, gpu_share=1.0, vram_available=100 * MB)
 
 
+def test_growth_in_place_needs_the_new_kv_beside_the_held_states_else_the_model_reloads():
+    """Growth in place holds every slot's KV state while it makes the new context: where a grow is
+    allowed only because the reload would free the old KV cache, it reloads instead."""
+    from llmd.models.memory import MB, grow_refusal, in_place_refusal
+
+    model = info(32768)
+    new_kv = 16384 * 4 * model.kv_bytes_per_token()
+    assert in_place_refusal(model, None, 4, 16384, new_kv + MB) is None
+    free_now = new_kv // 2
+    assert grow_refusal(model, None, 4, 16384, free_now, freed=3 * new_kv) is None  # grows, by reloading
+    why = in_place_refusal(model, None, 4, 16384, free_now)
+    assert why and f"{new_kv // MB} MiB" in why and "states are held" in why
+
+
 def test_a_draft_model_is_charged_no_attention_scratch_it_does_not_use():
     """The draft attends with flash attention whatever the target does (draft_model.py): a target
     attending by matrix products is charged its scores, the draft only its weights and KV."""

@@ -51,14 +51,24 @@ def test_among_equals_an_editors_completion_goes_first_and_level_work_splits_the
     assert not v1.pause and not v2.pause and v1.share == v2.share == 1 and "same priority" in v1.why
 
 
-def test_a_waiting_background_request_rises_and_is_not_starved():
+def test_a_waiting_background_request_rises_to_the_agents_class_but_not_to_a_persons():
+    """Aged, an indexer's batch runs level with an agent's prompt on another model; beside a person's
+    chat it stays held back (its share comes in turns), and the chat keeps every thread."""
     bg = Claim("background", False, NOW - 2 * AGING_S - 1)  # waited two classes' worth
-    chat = Claim("interactive", False, NOW - 0.5)
-    b, (g, c) = board_with(bg, chat)
+    agent = Claim("agent", False, NOW - 0.5)
+    b, (g, a) = board_with(bg, agent)
     assert not b.verdict(g, bg, 2, now=NOW).pause
     young = Claim("background", False, NOW - 1)
-    b, (g, c) = board_with(young, chat)
+    b, (g, a) = board_with(young, agent)
     assert b.verdict(g, young, 2, now=NOW).pause
+    chat = Claim("interactive", False, NOW - 0.5)
+    b, (g, c) = board_with(bg, chat)
+    assert b.verdict(g, bg, 2, now=NOW).pause
+    v = b.verdict(c, chat, 2, now=NOW)
+    assert not v.pause and v.share == 2
+    old_agent = Claim("agent", False, NOW - 10 * AGING_S)
+    b, (a, c) = board_with(old_agent, chat)
+    assert b.verdict(a, old_agent, 2, now=NOW).pause
 
 
 def test_idle_work_pauses_while_another_model_has_requests():
@@ -113,6 +123,23 @@ def test_a_held_back_worker_takes_short_turns_for_its_minimum_share():
     assert not Turns(0.0).due(True, 0.0) and not Turns(0.0).due(True, 1e9)  # strictly by class
 
 
+def test_background_work_takes_a_quarter_of_the_minimum_share():
+    """An indexer's embeddings held back by an agent's prompt: turns four times as far apart as an
+    agent's (at the full share its turns took 13% of the CPU from the agent, a class above); the
+    board still lets it run level once it has aged."""
+    from llmd.backends.cpu_board import BACKGROUND_TURNS, Turns, turn_share
+
+    assert turn_share("agent") == turn_share("interactive") == 1.0 and turn_share("background") == BACKGROUND_TURNS
+    t = Turns(0.2)
+    t.last_turn_s = 0.5  # at 0.05 of the time: 9.5 s between turns
+    assert not t.due(True, 100.0, scale=0.25) and not t.due(True, 109.4, scale=0.25)
+    assert t.due(True, 109.5, scale=0.25)
+    agent = Claim("agent", False, NOW - 1)
+    aged = Claim("background", False, NOW - AGING_S - 0.1)
+    b, (a, g) = board_with(agent, aged)
+    assert not b.verdict(g, aged, 2, now=NOW).pause
+
+
 def test_a_claim_on_its_turn_pauses_nobody_and_splits_the_cores():
     agent, fim = Claim("agent", False, NOW - 5), Claim("interactive", True, NOW - 0.1)
     b, (a, f) = board_with(agent, fim)
@@ -137,3 +164,18 @@ def test_one_turn_at_a_time():
     t = Turns(0.2)
     t.last_turn_s = 0.1
     assert not t.due(True, 100.0) and not t.due(True, 101.0, taken=True) and t.due(True, 101.1)
+
+
+def test_a_worker_held_back_lately_reads_its_prompt_in_short_steps():
+    """Beside an editor whose completions come every few seconds, an agent's prompt steps are short
+    even on its own time, so the step given up for the next completion loses little; ten seconds
+    after it was last held back it reads whole micro-batches again."""
+    from llmd.backends.cpu_board import CONTENDED_S, TURN_ROWS, Turns
+
+    t = Turns(0.2)
+    assert t.step_rows(100.0) is None  # never held back: as many rows as the engine reads
+    t.last_turn_s = 0.5
+    assert not t.due(True, 100.0) and t.step_rows(100.0) == TURN_ROWS
+    assert t.due(True, 102.0) and t.step_rows(102.0) == TURN_ROWS  # its turn
+    assert not t.due(False, 103.0) and t.step_rows(103.0) == TURN_ROWS  # its own time, but contended
+    assert t.step_rows(102.0 + CONTENDED_S + 0.1) is None

@@ -6,7 +6,7 @@ import pytest
 
 from llmd.backends.base import FimPrompt, GenerationRequest
 from llmd.errors import BadRequest
-from llmd.priority import AGING_S, classify, rank
+from llmd.priority import AGING_S, classify, classify_embedding, rank
 
 
 def chat(text: str, tools: bool = False) -> GenerationRequest:
@@ -40,6 +40,14 @@ def test_each_request_gets_a_class_and_a_reason():
         classify({}, chat("hi"), True, body_asks="soon")
     with pytest.raises(BadRequest, match="X-LLMD-Priority says 'agent' and the body's priority says 'background'"):
         classify({"x-llmd-priority": "agent"}, chat("hi"), True, body_asks="background")
+
+
+def test_an_embedding_batch_is_background_unless_asked():
+    assert classify_embedding({}) == ("background", "an embedding batch")
+    assert classify_embedding({}, "Interactive") == ("interactive", "asked for (the body's priority field)")
+    assert classify_embedding({"x-llmd-priority": "agent"})[0] == "agent"
+    with pytest.raises(BadRequest, match="priority 'soon' is not a class"):
+        classify_embedding({}, "soon")
 
 
 def test_a_higher_class_runs_first_and_a_waiting_one_rises():

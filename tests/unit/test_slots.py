@@ -40,9 +40,44 @@ def test_reuse_shifted_moves_the_runs_a_slid_window_keeps():
     new = [1] + list(range(200, 300)) + [5] + list(range(400, 480)) + [9]  # first line gone, one edit
     kv = _FakeKV(old)
     slot = Slot(seq=0, tokens=list(old))
+    assert slot.shift_serves(new, 1, 64) == 101 and kv.cells == dict(enumerate(old))  # asked: nothing moved
     served = slot.reuse_shifted(kv, None, new, 1, 64)
     assert served == 101  # the common start and the slid run; after the edit, computed again
     assert slot.tokens == new[:served] and kv.cells == dict(enumerate(new[:served]))
     assert slot.shift_pending  # until the next llama_decode: neither copied nor saved (kv_copy, prefix_cache)
     short = Slot(seq=0, tokens=list(old))
     assert short.reuse_shifted(_FakeKV(old), None, new, 1, 200) == 1  # no run long enough: as truncate
+
+
+def _runs_token_by_token(cache: list[int], prompt: list[int], n: int, min_run: int) -> list[tuple[int, int, int]]:
+    """shifted_runs as first written: the reference the fast search must agree with."""
+    runs, head_c, head_p, end = [], n, n, len(prompt) - 1
+    while head_c < len(cache) and head_p < end:
+        m = 0
+        while head_c + m < len(cache) and head_p + m < end and cache[head_c + m] == prompt[head_p + m]:
+            m += 1
+        if m >= min_run:
+            runs.append((head_c, head_p, m))
+            head_c, head_p = head_c + m, head_p + m
+        else:
+            head_c += 1
+    return runs
+
+
+def test_shifted_runs_agree_with_a_token_by_token_scan():
+    import random
+
+    from llmd.backends.llamacpp.slots import shifted_runs
+
+    rng = random.Random(5)
+    for _ in range(400):
+        alphabet = rng.choice([2, 3, 50, 70000])  # few kinds: near misses everywhere; many: few
+        cache = [rng.randrange(alphabet) for _ in range(rng.randrange(0, 300))]
+        prompt = cache[:rng.randrange(0, len(cache) + 1)]
+        cut = rng.randrange(0, len(prompt) + 1)
+        prompt = prompt[:cut] + [rng.randrange(alphabet) for _ in range(rng.randrange(0, 5))] + cache[cut + 3:]
+        n, min_run = rng.randrange(0, 4), rng.choice([1, 2, 4, 16])
+        assert shifted_runs(cache, prompt, n, min_run) == _runs_token_by_token(cache, prompt, n, min_run)
+    # tokens whose 4-byte forms overlap across boundaries: a byte match that is not a token match
+    cache, prompt = [0x01000000, 0x00000001, 7, 1, 1], [9, 1, 1, 5]
+    assert shifted_runs(cache, prompt, 1, 2) == _runs_token_by_token(cache, prompt, 1, 2)

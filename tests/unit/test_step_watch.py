@@ -3,6 +3,7 @@ for another model's more urgent work, for a more urgent request on its way to th
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,14 +52,44 @@ def test_an_interactive_or_aged_prompt_is_never_given_up_for_a_newcomer():
     assert w() is False
 
 
-def test_another_models_work_preempts_and_is_counted_apart():
+def test_another_models_work_holds_the_step_where_it_is_until_that_work_is_done():
+    """Given up, the step lost the micro-batch it was in; held, it goes on from the same operation."""
+    until = time.perf_counter() + 0.2
+    e = FakeEngine(outranked=lambda: time.perf_counter() < until)
+    e.heartbeat = lambda: e.beats.append(time.monotonic())
+    w = StepWatch(e)
+    w.start(joinable=False, prompt_rank=1)
+    _fresh(w)
+    t0 = time.perf_counter()
+    assert w() is False and not w.preempting  # back when the other model's work ended
+    assert time.perf_counter() >= until and time.perf_counter() - t0 < 1.0
+    assert w.info()["holds"] == 1 and w.info()["preemptions"] == 0 and 0.1 < w.step_held_s < 1.0
+    assert len(e.beats) > 10  # the daemon hears from it while it waits
+
+
+def test_a_step_held_too_long_is_given_up_and_counted_apart(monkeypatch):
+    import llmd.backends.llamacpp.step_watch as sw
+
+    monkeypatch.setattr(sw, "HOLD_MAX_S", 0.1)
     e = FakeEngine(outranked=lambda: True)
     w = StepWatch(e)
     w.start(joinable=False, prompt_rank=0)
     _fresh(w)
     assert w() is True and w.preempting and not w.for_newcomer
     w.given_up()
-    assert w.info()["preemptions"] == 1 and w.info()["yields_to_urgent"] == 0
+    assert w.info()["preemptions"] == 1 and w.info()["yields_to_urgent"] == 0 and w.info()["holds"] == 0
+
+
+def test_a_held_step_gives_way_to_a_more_urgent_request_to_its_own_model():
+    on_way: list[int] = []
+    e = FakeEngine(outranked=lambda: True, urgent=lambda rank: any(c < rank for c in on_way))
+    w = StepWatch(e)
+    w.start(joinable=False, prompt_rank=1)
+    _fresh(w)
+    threading.Timer(0.1, on_way.append, (0,)).start()  # a person's chat to this model, while held
+    t0 = time.perf_counter()
+    assert w() is True and w.preempting and w.for_newcomer
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_a_newcomer_joins_only_while_the_step_is_joinable_and_the_heartbeat_goes_out():

@@ -105,7 +105,7 @@ class Admission:
         slot = None
         try:
             slot, reuse = self.place(active, hit, avoid)
-            if active.req.fim is not None and active.req.cache_prompt and not e.exact and e._can_shift:
+            if self._shifts(active):
                 # an editor's window slid down a line: the KV of the lines it kept, moved
                 reuse = slot.reuse_shifted(e._L, e.mem, active.prompt, reuse, SHIFT_MIN_RUN)
             else:
@@ -148,6 +148,11 @@ class Admission:
         with e.profiler.span("prefix_lookup"):
             return e.prefix.lookup(active.prompt, live)
 
+    def _shifts(self, active: Active) -> bool:
+        """Whether a slot may serve this prompt with KV moved to new positions (Slot.reuse_shifted)."""
+        e = self.e
+        return active.req.fim is not None and active.req.cache_prompt and not e.exact and e._can_shift
+
     def place(self, active: Active, hit: Hit | None, avoid: Collection[int] = ()) -> tuple[Slot, int]:
         """The free slot that serves most of the prompt for the least KV it overwrites, or the one
         the prefix cache's `hit` is restored into when it serves more; and how many prompt tokens
@@ -166,15 +171,23 @@ class Admission:
         reuse_of = {s.seq: e._reusable(s, prompt) for s in e.slots}
         holder = max(e.slots, key=lambda s: reuse_of[s.seq])
         best = reuse_of[holder.seq]
+        # an editor's window slid down a line: the slot holding the old window serves it by moving
+        # its KV (_admit_one), though it shares only the first token; chosen by its common prefix
+        # alone, the request went to an emptier slot and read its 600 tokens again
+        moved = ({s.seq: s.shift_serves(prompt, reuse_of[s.seq], SHIFT_MIN_RUN) for s in free}
+                 if self._shifts(active) else {})
 
         def value(s: Slot) -> tuple[float, float]:
             r = reuse_of[s.seq]
             served = r if e.exact else e.copier.served(r, best, len(holder.tokens))
-            return served - lost(s, r), -s.last_used
+            kept = r  # what the slot keeps of its own KV: its common prefix, or what moving it serves
+            if moved.get(s.seq, 0) > served:
+                served = kept = moved[s.seq]
+            return served - lost(s, kept), -s.last_used
 
         slot = max(free, key=value)
         reuse = reuse_of[slot.seq]
-        if hit is None or e.prefix is None or hit.n <= reuse:
+        if hit is None or e.prefix is None or hit.n <= max(reuse, moved.get(slot.seq, 0)):
             return slot, reuse
         # restore into the free slot whose own KV serves this prompt least, oldest first
         target = min(free, key=lambda s: (e._reusable(s, prompt), s.last_used))

@@ -42,7 +42,7 @@ from llmd.backends.base import (
     Event,
     GenerationRequest,
 )
-from llmd.backends.cpu_board import Claim
+from llmd.backends.cpu_board import Claim, board_rank
 from llmd.backends.crash_switch import CRASH_ENV
 from llmd.backends.llamacpp.admission import Admission
 from llmd.backends.llamacpp.batch import put
@@ -59,7 +59,7 @@ from llmd.backends.llamacpp.context import (
     warm_up,
 )
 from llmd.backends.llamacpp.draft_model import DraftModel
-from llmd.backends.llamacpp.embeddings import Embedder
+from llmd.backends.llamacpp.embeddings import Embedder, grown_size, kv_bytes_per_token
 from llmd.backends.llamacpp.growth import grow_in_place
 from llmd.backends.llamacpp.healing import Healer
 from llmd.backends.llamacpp.idle_work import IdleWork
@@ -77,7 +77,8 @@ from llmd.backends.profile import Profiler
 from llmd.chat.fim import FimTokens
 from llmd.chat.formats import detect
 from llmd.chat.template import ChatTemplate
-from llmd.errors import EngineError
+from llmd.errors import ContextGrow, EngineError
+from llmd.models.memory import available_bytes, kv_refusal
 from llmd.priority import class_index
 from llmd.priority import rank as priority_rank
 
@@ -170,9 +171,10 @@ class LlamaCppEngine:
         self.outranked: Callable[[], bool] | None = None
         # set by the worker: is a request of a class ranked above this on its way (not yet read)?
         self.urgent: Callable[[int], bool] | None = None
-        # set by the worker before each step: a held-back model's turn takes at most this many prompt
-        # rows (cpu_board.Turns), so the more urgent model beside it waits little
-        self.turn_rows: int | None = None
+        # set by the worker before each step: the most prompt rows a step reads while other models'
+        # work contends for the CPU (cpu_board.Turns.step_rows): a held-back model's turn is short, so
+        # the more urgent model beside it waits little, and a step given up for it loses little
+        self.board_rows: int | None = None
         self.board_turns: Any = None  # the worker's cpu_board.Turns, for stats
         # set by the worker for each embedding request: waits until the board lets it go on
         self.embed_turn: Callable[[], None] | None = None
@@ -265,14 +267,31 @@ class LlamaCppEngine:
         self.waiting.append((req, time.perf_counter()))
 
     def embed(self, req: EmbedRequest) -> EmbedResult:
+        train = int(self._L.llama_model_n_ctx_train(self.model)) or self.cfg.n_ctx
         if self.embedder is None:  # its own context, made at the first embedding request
-            n_ctx = min(self.cfg.n_ctx, int(self._L.llama_model_n_ctx_train(self.model)) or self.cfg.n_ctx)
-            self.embedder = Embedder(self.model, self.vocab, n_ctx, self.governor.threads, self.cfg.repack)
+            self.embedder = self._embedder(min(self.cfg.n_ctx, train), train)
         self._choose_threads()
         try:
-            return self.embedder.embed(req, self.heartbeat, self.embed_turn)
+            try:
+                return self.embedder.embed(req, self.heartbeat, self.embed_turn)
+            except ContextGrow as g:  # an input longer than the context it started with
+                old = self.embedder
+                want = grown_size(old.n_ctx, g.needed, old.ceiling)
+                if why := kv_refusal(want * kv_bytes_per_token(self.model), available_bytes()):
+                    log.warning("embedding context not grown from %d to %d tokens: %s", old.n_ctx, want, why)
+                    old.ceiling = old.n_ctx  # not asked again; the input is refused or cut as before
+                else:
+                    old.close()
+                    self.embedder = self._embedder(want, train)
+                    log.info("embedding context grown from %d to %d tokens: an input needed %d",
+                             old.n_ctx, want, g.needed)
+                return self.embedder.embed(req, self.heartbeat, self.embed_turn)
         finally:
             self.governor.done()
+
+    def _embedder(self, n_ctx: int, train: int) -> Embedder:
+        ceiling = min(max(self.cfg.ctx_ceiling, self.cfg.n_ctx), train)
+        return Embedder(self.model, self.vocab, n_ctx, self.governor.threads, self.cfg.repack, ceiling)
 
     def cancel(self, request_id: str) -> None:
         for i, (req, _) in enumerate(self.waiting):
@@ -309,7 +328,8 @@ class LlamaCppEngine:
         held += list(self.waiting)
         if not held:
             return None
-        req, since = min(held, key=lambda h: (priority_rank(h[0].priority, now - h[1]), h[0].fim is None, h[1]))
+        # ranked as the board ranks (an aged agent prompt does not outrank a person's chat held here)
+        req, since = min(held, key=lambda h: (board_rank(h[0].priority, now - h[1]), h[0].fim is None, h[1]))
         return Claim(req.priority, req.fim is not None, since)
 
     def _load_draft(self) -> tuple[DraftModel | None, str]:
@@ -344,6 +364,7 @@ class LlamaCppEngine:
             **self.watch.info(),  # steps given up: joins, preemptions, yields to urgent requests
             "turns": self.board_turns.turns if self.board_turns is not None else 0,  # held back, its share
             "held_back": self.board_turns.held if self.board_turns is not None else 0,  # paused between steps
+            "prompt_step_rows": self.board_rows,  # short steps under contention; None: whole micro-batches
             "profile": self.profiler.summary(),
         }
 
@@ -492,6 +513,12 @@ class LlamaCppEngine:
     def _release_cancelled(self, events: list[Event]) -> None:
         for slot in self.slots:
             if slot.active and slot.active.cancelled:
+                a = slot.active
+                # how far it had come: the daemon logs a cancelled request without usage, and a prompt
+                # cut while being read (a client's time limit) says here whether it was read at speed
+                log.info("request %s cancelled after %.1f s: prompt at %d of %d tokens (%d from cache), %d generated",
+                         a.req.id, time.perf_counter() - a.t_received, min(a.pos, len(a.prompt)), len(a.prompt),
+                         a.cached, a.n_gen)
                 self.replies.finish(slot, "cancelled", events, flush=False)
 
     def _run_step(self, decoding: list[Slot], prefilling: list[Slot], events: list[Event]) -> None:
@@ -538,10 +565,11 @@ class LlamaCppEngine:
             finally:
                 if watched:
                     self._L.llama_set_abort_callback(self.ctx, self._L.ggml_abort_callback(), None)
+            spent = time.perf_counter() - t0 - (self.watch.step_held_s if watched else 0.0)  # held: not compute
             if rc == 0 and b.plan and not b.parts:
-                self.spec.observe(b.n, time.perf_counter() - t0)
+                self.spec.observe(b.n, spent)
             elif rc == 0 and b.parts and not b.plan:
-                self.copier.observe_prefill(b.n, time.perf_counter() - t0)
+                self.copier.observe_prefill(b.n, spent)
         return rc
 
     def _give_up(self, b: StepBatch) -> None:

@@ -16,7 +16,7 @@ from llmd.priority import class_index
 if TYPE_CHECKING:
     from llmd.backends.llamacpp.engine import LlamaCppEngine
 
-BESIDE_ROWS = 64  # the most rows of a lower class's prompt in a step with a higher class's request
+BESIDE_ROWS = 64  # the most rows of a lower class's prompt in a step with a higher class's stream
 
 
 @dataclass
@@ -40,7 +40,8 @@ class BatchBuilder:
     def build(self, decoding: list[Slot], prefilling: list[Slot]) -> StepBatch:
         """Each decoding slot's pending token (plus its drafts when it speculates), then prompt
         rows of the prefilling slots in their order, up to the step's budget while streams run
-        (the whole batch when nothing else does, at most a held-back model's turn)."""
+        (the whole batch when nothing else does; fewer while other models contend for the CPU:
+        cpu_board.Turns.step_rows)."""
         e = self.e
         b = StepBatch()
         drafts_of: dict[int, list[int]] = {}
@@ -63,10 +64,15 @@ class BatchBuilder:
     def _prompt_rows(self, b: StepBatch, decoding: list[Slot], prefilling: list[Slot]) -> None:
         e = self.e
         budget = e.n_batch - b.n if not decoding else min(e.budget, e.n_batch - b.n)
-        if e.turn_rows is not None:
-            budget = min(budget, e.turn_rows)
+        if e.board_rows is not None:
+            budget = min(budget, e.board_rows)
         deepest = max((len(s.tokens) + 1 + max(LENGTHS) for s in decoding), default=0)
         first = min((class_index(s.active.req.priority) for s in (*decoding, *prefilling) if s.active), default=0)
+        # a prompt of the most urgent class is read alone: the step that gives a person's first
+        # token holds no aged lower class's rows (a 64-row slice of an agent's prompt at a few
+        # thousand tokens' depth costs the 1.5B about a second, more than a chat's own 16 new
+        # tokens); beside that class's decoding streams an aged prompt still takes its slice
+        reading_first = any(s.active and class_index(s.active.req.priority) == first for s in prefilling)
         for slot in prefilling:
             if budget <= 0:
                 break
@@ -76,7 +82,12 @@ class BatchBuilder:
             # a prompt of a lower class here only because it aged (llmd.priority) takes a short slice
             # beside a person's request: a 512-row slice of an agent's prompt beside a chat's 16 new
             # tokens held the chat's first token 10 s (benchmarks/desktop.py)
-            rows = budget if class_index(a.req.priority) <= first else min(budget, BESIDE_ROWS)
+            if class_index(a.req.priority) <= first:
+                rows = budget
+            elif reading_first:
+                continue
+            else:
+                rows = min(budget, BESIDE_ROWS)
             end = e.grid.chunk_end(a.prompt, start) if e.exact else min(len(a.prompt), start + rows)
             deepest = max(deepest, end)
             end = e.rows.end(len(a.prompt), start, min(end, start + e.rows.room(b.n, deepest)))

@@ -69,18 +69,36 @@ class CountBody(BaseModel):
     tools: list[dict[str, Any]] | None = None
 
 
-def _blocks_text(blocks: Any, where: str) -> str:
+def _blocks_text(blocks: Any, where: str, references: list[str] | None = None) -> str:
+    """Text blocks joined; tool_reference blocks' names go to `references` where it is given."""
     if isinstance(blocks, str):
         return blocks
     if blocks is not None and not isinstance(blocks, list):
         raise BadRequest(f"{where} is a {type(blocks).__name__}; send a string or a list of text blocks", where)
     out = []
     for i, b in enumerate(blocks or []):
+        if references is not None and isinstance(b, dict) and b.get("type") == "tool_reference":
+            references.append(str(b.get("tool_name", "")))
+            continue
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
             kind = b.get("type") if isinstance(b, dict) else type(b).__name__
-            raise BadRequest(f"{where}[{i}] is a {kind!r} block here; llmd takes text blocks", where)
+            takes = "text and tool_reference blocks" if references is not None else "text blocks"
+            raise BadRequest(f"{where}[{i}] is a {kind!r} block here; llmd takes {takes}", where)
         out.append(b["text"])
     return "".join(out)
+
+
+def _result_text(content: Any, where: str) -> str:
+    """A tool_result's content as text. Besides text it may hold tool_reference blocks: Claude
+    Code's ToolSearch answers with them (the tools it found, which Anthropic's API then loads for the
+    model). llmd shows the model every tool a request declares, deferred ones included, so a
+    reference only needs to say which tools were found; refused, it failed the whole request with a
+    400 (CI, stop 61: Claude Code's Read task, three times in one run)."""
+    found: list[str] = []
+    text = _blocks_text(content, where, found)
+    if found:
+        text += ("\n" if text else "") + "Tools found, now available to call: " + ", ".join(found)
+    return text
 
 
 # Claude Code opens its system prompt with a block for Anthropic's billing whose value changes with
@@ -129,7 +147,7 @@ def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str,
                               "function": {"name": b.get("name", ""),
                                            "arguments": json.dumps(b.get("input") or {}, ensure_ascii=False)}})
             elif kind == "tool_result" and role == "user":
-                result = _blocks_text(b.get("content", ""), f"{where}.content")
+                result = _result_text(b.get("content", ""), f"{where}.content")
                 if b.get("is_error"):
                     result = "Error: " + result
                 out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import logging
 import time
 import uuid
 from typing import Any, Literal
@@ -22,8 +23,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmd.backends.base import EmbedRequest, Usage
+from llmd.daemon.apps_seen import app_name
 from llmd.daemon.routes._common import canonical_name, parse_body
 from llmd.errors import BadRequest
+from llmd.priority import classify_embedding
+
+_log = logging.getLogger("llmd.requests")
 
 MAX_INPUTS = 2048  # as OpenAI's limit per request
 BATCH = 16  # inputs per worker command: the engine embeds them between generation steps
@@ -65,6 +70,7 @@ def _key(digest: str, item: str | tuple[int, ...], truncate: bool) -> str:
 async def embed(request: Request, model: str | None, inputs: list[str | tuple[int, ...]], truncate: bool,
                 dimensions: int | None) -> tuple[str, list[bytes], int, str]:
     """(model, float32 vectors, prompt tokens, cache status) for the inputs, in order."""
+    cls, why = classify_embedding(request.headers, getattr(request.state, "priority_asked", ""))
     if not inputs:
         raise BadRequest("input is empty; send a string or a list of strings", "input")
     if len(inputs) > MAX_INPUTS:
@@ -81,11 +87,20 @@ async def embed(request: Request, model: str | None, inputs: list[str | tuple[in
         found = {i: (base64.b64decode(h.pieces[0]), h.usage.prompt_tokens) for i, h in enumerate(hits) if h}
     todo = [i for i in range(len(inputs)) if i not in found]
     fresh: dict[int, tuple[bytes, int]] = {}
+    t0 = time.perf_counter()
     for at in range(0, len(todo), BATCH):  # in batches: generation runs between them, and the heartbeat
         part = todo[at:at + BATCH]
         result = await state.scheduler.embed(name, EmbedRequest(uuid.uuid4().hex, tuple(inputs[i] for i in part),
-                                                                truncate))
+                                                                truncate, cls))
         fresh.update(zip(part, zip(result.vectors, result.tokens, strict=True), strict=True))
+    if todo:  # the engine's time, seen per app (apps_seen) and in the request log as generations are
+        took = time.perf_counter() - t0
+        app = app_name(request.headers, state.token)
+        read = sum(n for _, n in fresh.values())
+        state.apps_seen.record(app, name, took, read, priority=cls)
+        _log.info("request", extra={"model": name, "api": "embeddings", "outcome": "ok", "app": app,
+                                    "priority": cls, "priority_reason": why, "inputs": len(inputs),
+                                    "computed": len(todo), "prompt_tokens": read, "duration_s": took})
     if fresh:
         if cache is not None and not no_store:
             def store() -> None:
