@@ -255,3 +255,19 @@ def test_a_call_that_strays_from_the_shape_is_parsed_whole():
     assert d.call_deltas == [] and d.content == ""
     end = p.finish()
     assert [c.name for c in end.tool_calls] == ["get_weather"] and p.n_streamed == 0
+
+
+def test_the_lazy_grammar_waits_for_the_trigger_alone():
+    """llama.cpp searches the whole reply so far with this pattern after every token: a pattern that
+    spans the text (`[\\s\\S]*?(<tool_call>)[\\s\\S]*`) made each search quadratic in the reply's
+    length (benchmarks/tool_reply.py: 0.42x the rate of the same reply without tools by its end)."""
+    import re
+
+    from llmd.backends.llamacpp.sampler import lazy_pattern
+
+    for trigger in ("<tool_call>", "[TOOL_CALLS]"):
+        pattern = lazy_pattern(trigger)
+        assert pattern == f"({re.escape(trigger)})" and "*" not in pattern
+        text = "Some prose first, then " + trigger + '\n{"name": "f"}'
+        assert re.search(pattern, text).start(1) == text.index(trigger)  # where the grammar starts
+        assert re.search(pattern, "prose only " * 500) is None
