@@ -152,10 +152,15 @@ def test_an_editors_completion_on_one_model_goes_ahead_of_an_agents_long_prompt_
     r = _complete(d, f"# {uuid.uuid4().hex}\ndef double(x: int) -> int:\n    ")
     answered = time.monotonic()
     # held back a moment ago, the agent's worker reads the rest of its prompt in short steps
-    # (cpu_board.Turns.step_rows, for CONTENDED_S): another completion would wait less for it
-    contended = _loaded(d)["smollm2-135m"]["stats"]["prompt_step_rows"]
+    # (cpu_board.Turns.step_rows, for CONTENDED_S): another completion would wait less for it. The
+    # worker sets them before its next step, which starts once the step it held has finished
+    rows = []
+    while t.is_alive() and 64 not in rows:
+        rows.append(_loaded(d)["smollm2-135m"]["stats"]["prompt_step_rows"])
+        time.sleep(0.05)
     t.join()
-    assert contended == 64, contended
+    rows.append(_loaded(d)["smollm2-135m"]["stats"]["prompt_step_rows"])  # what its last step read
+    assert 64 in rows, rows
     assert r.status_code == 200 and r.json()["content"], r.text
     assert answered < agent["done"], (answered, agent["done"])
     loaded = _loaded(d)
