@@ -8,7 +8,7 @@ model now and then writes thousands of tokens of text in one turn; a search that
 text slowed such a reply from 7.4 to 2.7 tokens/s over its first 800 tokens.
 
 Each round sends the same long-list prompt with and without tools (the order alternates, a new
-seed each round, temperature 0.8), and reports per reply the rate of its first and its last 200
+seed each round, temperature 0.8), and reports per reply the rate of its first and its last 100
 pieces; then the medians of last/first with tools and without, and the ratio of the two.
 
     python benchmarks/tool_reply.py [--model PATH] [--rounds 3] [--tokens 1000]
